@@ -1,0 +1,396 @@
+"""Multi-head attention with masks, GQA, rotary positions, position bias and a KV cache.
+
+Layout follows `keras.layers.MultiHeadAttention`: projections are `EinsumDense`
+layers producing `(B, T, heads, head_dim)`; every mask source is merged in
+`merge_attention_masks`; the fused `keras.ops.dot_product_attention` path is used
+whenever attention scores are not needed (see `_prefer_fused_attention`).
+
+Shape letters: B batch, T query length, S key length, H query heads,
+K key/value heads, D head dim, C model width.
+"""
+
+import keras
+from keras import ops
+
+from kerasformer.layers.positions import RotaryEmbedding
+
+try:  # The implicit (`mask_zero=True`) mask lives outside the tensor on JAX.
+    from keras.src.backend import get_keras_mask, set_keras_mask
+except ImportError:  # pragma: no cover - older Keras keeps it on the tensor.
+
+    def get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+    def set_keras_mask(x, mask):
+        try:
+            x._keras_mask = mask
+        except AttributeError:
+            pass
+
+
+def _large_negative(dtype):
+    """A finite "minus infinity" for masking, safe to add to scores in `dtype`.
+
+    Finite so that a fully masked row gives a uniform softmax instead of NaN.
+    """
+    return -3.0e4 if keras.backend.standardize_dtype(dtype) == "float16" else -1.0e9
+
+
+def _check_rank(name, tensor, rank, expected):
+    if tensor is not None and len(tensor.shape) != rank:
+        raise ValueError(
+            f"`{name}` must have shape {expected}, got shape {tuple(tensor.shape)}."
+        )
+
+
+def merge_attention_masks(
+    query_length,
+    key_length,
+    padding_mask=None,
+    attention_mask=None,
+    use_causal_mask=False,
+    query_start=0,
+):
+    """Merges every mask source into one boolean mask, or returns `None`.
+
+    Args:
+        query_length: T, the number of queries.
+        key_length: S, the number of keys.
+        padding_mask: `(B, S)`, True (or 1) at real keys, False at padding.
+        attention_mask: `(B, T, S)`, True where query t may attend to key s.
+        use_causal_mask: forbid keys after the query's own position.
+        query_start: position of the first query among the keys (the cache
+            index when decoding incrementally); scalar, may be a tensor.
+
+    Returns:
+        A `(B or 1, T, S)` boolean tensor, True where attention is allowed,
+        or `None` when nothing is masked.
+    """
+    _check_rank("padding_mask", padding_mask, 2, "(batch, key_length)")
+    _check_rank(
+        "attention_mask", attention_mask, 3, "(batch, query_length, key_length)"
+    )
+    mask = None
+    if padding_mask is not None:
+        mask = ops.cast(padding_mask, "bool")[:, None, :]  # (B, 1, S)
+    if attention_mask is not None:
+        attention_mask = ops.cast(attention_mask, "bool")  # (B, T, S)
+        mask = attention_mask if mask is None else ops.logical_and(mask, attention_mask)
+    if use_causal_mask:
+        query_positions = ops.arange(query_length) + ops.cast(query_start, "int32")
+        key_positions = ops.arange(key_length)
+        causal = key_positions[None, :] <= query_positions[:, None]  # (T, S)
+        causal = causal[None]  # (1, T, S)
+        mask = causal if mask is None else ops.logical_and(mask, causal)
+    return mask
+
+
+def _fused_attention_is_faster():
+    """Whether `keras.ops.dot_product_attention` beats explicit einsum+softmax.
+
+    Measured on 2 CPU cores, fwd+bwd, B16/T128/H4/D64 (benchmarks/attention_paths.py):
+    - jax (jit): fused 12.6 ms vs explicit 10.2 ms -> explicit. On GPU,
+      `jax.nn.dot_product_attention` reaches cuDNN flash attention -> fused.
+    - torch (eager): fused SDPA is faster (one kernel, no score tensor) -> fused.
+    - tensorflow: Keras implements the "fused" op with the same einsums, so
+      there is no fused kernel to win; the explicit path avoids its extra
+      transposes -> explicit.
+    """
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return True
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    return False
+
+
+@keras.saving.register_keras_serializable(package="kerasformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Scaled dot-product attention over several heads, with a KV cache.
+
+    `softmax(Q K^T * scale + bias) V` per head, with `Q = x W_Q`, `K = m W_K`,
+    `V = m W_V` and output `concat(heads) W_O`. One layer serves the three
+    roles of a Transformer:
+
+    - bidirectional self-attention: `attn(x)`;
+    - causal self-attention: `attn(x, use_causal_mask=True)`;
+    - cross-attention: `attn(x, encoder_outputs)`.
+
+    Args:
+        num_heads: number of query heads H.
+        head_dim: width D of each head. Defaults to `width // num_heads`, in
+            which case `num_heads` must divide the query width.
+        num_key_value_heads: K, the number of key/value heads for grouped-query
+            attention; must divide `num_heads`. Defaults to `num_heads`
+            (plain multi-head attention); 1 gives multi-query attention.
+        output_dim: width of the output. Defaults to the query width.
+        use_bias: whether the four projections have biases.
+        dropout: dropout on the attention probabilities. Defaults to 0 so the
+            fused kernel stays usable; residual dropout lives in `Residual`.
+        scale: multiplier of the scores. Defaults to `1 / sqrt(head_dim)`;
+            T5 uses 1.0.
+        use_rotary: apply rotary position embedding (RoFormer) to q and k.
+        rotary_max_wavelength: base wavelength of the rotary embedding.
+        kernel_initializer, bias_initializer: initializers of the projections.
+
+    Call arguments:
+        query: `(B, T, C)`.
+        value: `(B, S, C')`, the memory to attend to. Defaults to `query`
+            (self-attention).
+        key: `(B, S, C')`. Defaults to `value`.
+        padding_mask: `(B, S)`, True at real keys. Defaults to the Keras mask
+            of `value` (e.g. from `Embedding(mask_zero=True)`).
+        attention_mask: `(B, T, S)`, True where query t may attend to key s.
+        attention_bias: additive bias broadcastable to `(B, H, T, S)`, e.g.
+            from `RelativePositionBias`.
+        use_causal_mask: forbid attention to later positions.
+        cache: `(B, 2, S_max, K, D)` keys and values. With
+            `cache_update_index`, the new keys/values of this self-attention
+            call are written at that index and attention covers the cache;
+            without it the cache is taken as precomputed cross-attention
+            keys/values (see `compute_cache`).
+        cache_update_index: int scalar, position of the first query.
+        return_attention_scores: also return the `(B, H, T, S)` probabilities.
+
+    Returns:
+        `output` `(B, T, output_dim)`; `(output, scores)` with
+        `return_attention_scores`; `(output, cache)` or
+        `(output, scores, cache)` when a cache is passed.
+
+    Example:
+
+    >>> attn = MultiHeadAttention(num_heads=4)
+    >>> x = np.random.rand(2, 10, 64).astype("float32")
+    >>> attn(x, use_causal_mask=True).shape
+    (2, 10, 64)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim=None,
+        num_key_value_heads=None,
+        output_dim=None,
+        use_bias=True,
+        dropout=0.0,
+        scale=None,
+        use_rotary=False,
+        rotary_max_wavelength=10000,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"`num_heads` must be a positive int, got {num_heads!r}.")
+        num_key_value_heads = num_key_value_heads or num_heads
+        if num_heads % num_key_value_heads:
+            raise ValueError(
+                f"`num_key_value_heads` ({num_key_value_heads}) must divide "
+                f"`num_heads` ({num_heads})."
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1), got {dropout}.")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.output_dim = output_dim
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.scale = scale
+        self.use_rotary = use_rotary
+        self.rotary_max_wavelength = rotary_max_wavelength
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        width = query_shape[-1]
+        if self.head_dim is None:
+            if width % self.num_heads:
+                raise ValueError(
+                    f"`num_heads` ({self.num_heads}) must divide the model width "
+                    f"({width}), or pass `head_dim`."
+                )
+            self.head_dim = width // self.num_heads
+        value_shape = value_shape or query_shape
+        key_shape = key_shape or value_shape
+        output_dim = self.output_dim or width
+        H, K, D = self.num_heads, self.num_key_value_heads, self.head_dim
+
+        def projection(name, equation, output_shape, bias_axes):
+            return keras.layers.EinsumDense(
+                equation,
+                output_shape=output_shape,
+                bias_axes=bias_axes if self.use_bias else None,
+                kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        self.query_dense = projection("query", "btc,chd->bthd", (None, H, D), "hd")
+        self.query_dense.build(query_shape)
+        self.key_dense = projection("key", "bsc,ckd->bskd", (None, K, D), "kd")
+        self.key_dense.build(key_shape)
+        self.value_dense = projection("value", "bsc,ckd->bskd", (None, K, D), "kd")
+        self.value_dense.build(value_shape)
+        self.output_dense = projection("output", "bthd,hdc->btc", (None, output_dim), "c")
+        self.output_dense.build((None, None, H, D))
+        self.rotary = None
+        if self.use_rotary:
+            self.rotary = RotaryEmbedding(
+                max_wavelength=self.rotary_max_wavelength, dtype=self.dtype_policy
+            )
+        self.probability_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def compute_cache(self, value, key=None):
+        """Projects a memory once into a `(B, 2, S, K, D)` cross-attention cache."""
+        key = value if key is None else key
+        k = self.key_dense(key)  # (B, S, K, D)
+        v = self.value_dense(value)  # (B, S, K, D)
+        if self.rotary is not None:
+            k = self.rotary(k)
+        return ops.stack([k, v], axis=1)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        padding_mask=None,
+        attention_mask=None,
+        attention_bias=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        self_attention = value is None
+        precomputed = cache is not None and cache_update_index is None
+        value = query if value is None else value
+        key = value if key is None else key
+        if padding_mask is None and not precomputed:  # An explicit mask wins.
+            padding_mask = get_keras_mask(key)
+        query_mask = get_keras_mask(query)
+
+        q = self.query_dense(query)  # (B, T, H, D)
+        query_start = 0
+        if precomputed:
+            # Precomputed cross-attention keys/values.
+            k, v = cache[:, 0], cache[:, 1]  # (B, S, K, D)
+        else:
+            k = self.key_dense(key)  # (B, S, K, D)
+            v = self.value_dense(value)  # (B, S, K, D)
+            if cache_update_index is not None:
+                if not self_attention:
+                    raise ValueError(
+                        "`cache_update_index` is for self-attention; for "
+                        "cross-attention pass a cache from `compute_cache`."
+                    )
+                query_start = cache_update_index
+        if self.rotary is not None:
+            q = self.rotary(q, start_index=query_start)  # (B, T, H, D)
+            if not precomputed:
+                k = self.rotary(k, start_index=query_start)  # (B, S, K, D)
+        if cache is not None and cache_update_index is not None:
+            start = [0, cache_update_index, 0, 0]
+            k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
+            v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
+            cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, K, D)
+            # Unwritten cache slots lie after the queries: causal masking hides them.
+            use_causal_mask = True
+
+        query_length, key_length = ops.shape(q)[1], ops.shape(k)[1]
+        mask = merge_attention_masks(
+            query_length,
+            key_length,
+            padding_mask=padding_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask and (cache is None or cache_update_index is not None),
+            query_start=query_start,
+        )
+        # `is_causal` lets the fused kernel skip the mask tensor altogether.
+        only_causal = (
+            use_causal_mask
+            and cache is None
+            and padding_mask is None
+            and attention_mask is None
+        )
+        output, scores = self._attend(
+            q, k, v, mask, attention_bias, only_causal, return_attention_scores, training
+        )
+        output = self.output_dense(output)  # (B, T, C)
+        if query_mask is not None:
+            set_keras_mask(output, query_mask)
+        results = (output,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def _attend(self, q, k, v, mask, bias, only_causal, return_scores, training):
+        """softmax(q k^T * scale + bias) v on (B, T, H, D) tensors."""
+        scale = self.scale if self.scale is not None else 1.0 / self.head_dim**0.5
+        use_dropout = self.dropout > 0 and training
+        if not return_scores and not use_dropout and _fused_attention_is_faster():
+            if bias is not None and mask is not None:
+                # The fused op takes a bias or a mask, not both: fold the mask in.
+                bias = ops.where(mask[:, None], bias, _large_negative(q.dtype))
+                mask = None
+            output = ops.dot_product_attention(
+                q,
+                k,
+                v,
+                bias=None if bias is None else ops.cast(bias, q.dtype),
+                mask=None if (mask is None or only_causal) else mask[:, None],  # (B, 1, T, S)
+                scale=scale,
+                is_causal=only_causal and bias is None,
+            )
+            return output, None
+
+        groups = self.num_heads // self.num_key_value_heads
+        if groups > 1:
+            k = ops.repeat(k, groups, axis=2)  # (B, S, H, D)
+            v = ops.repeat(v, groups, axis=2)  # (B, S, H, D)
+        scores = ops.einsum("bthd,bshd->bhts", q, k)  # (B, H, T, S)
+        # Softmax in float32 even under mixed precision.
+        scores = ops.cast(scores, "float32") * scale
+        if bias is not None:
+            scores = scores + ops.cast(bias, "float32")
+        if mask is None and only_causal:
+            mask = merge_attention_masks(
+                ops.shape(q)[1], ops.shape(k)[1], use_causal_mask=True
+            )
+        if mask is not None:
+            scores = ops.where(mask[:, None], scores, _large_negative("float32"))
+        probabilities = ops.softmax(scores, axis=-1)  # (B, H, T, S)
+        dropped = self.probability_dropout(
+            ops.cast(probabilities, self.compute_dtype), training=training
+        )
+        output = ops.einsum("bhts,bshd->bthd", dropped, v)  # (B, T, H, D)
+        return output, probabilities
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "num_key_value_heads": self.num_key_value_heads,
+                "output_dim": self.output_dim,
+                "use_bias": self.use_bias,
+                "dropout": self.dropout,
+                "scale": self.scale,
+                "use_rotary": self.use_rotary,
+                "rotary_max_wavelength": self.rotary_max_wavelength,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

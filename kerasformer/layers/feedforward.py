@@ -1,0 +1,116 @@
+"""The position-wise feed-forward network, plain or gated (GLU variants)."""
+
+import keras
+
+# Activations by name; the tanh approximation of GELU is the one GPT-2 and
+# T5 v1.1 were trained with, the exact one is BERT's and torch's default.
+ACTIVATIONS = {
+    "relu": keras.activations.relu,
+    "gelu": lambda x: keras.activations.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: keras.activations.gelu(x, approximate=True),
+    "silu": keras.activations.silu,
+}
+# Shorthands for the gated variants of Shazeer, "GLU Variants Improve Transformer".
+GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
+
+
+def resolve_activation(activation, gated=False):
+    """Returns `(activation_name, gated)` with the GLU shorthands expanded."""
+    if activation in GATED_ACTIVATIONS:
+        return GATED_ACTIVATIONS[activation], True
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"Unknown `activation` {activation!r}; expected one of "
+            f"{sorted(ACTIVATIONS) + sorted(GATED_ACTIVATIONS)}."
+        )
+    return activation, gated
+
+
+@keras.saving.register_keras_serializable(package="kerasformer")
+class FeedForward(keras.layers.Layer):
+    """`W_2 act(x W_1 + b_1) + b_2`, or gated: `W_2 (act(x W_g) * (x W_1))`.
+
+    Args:
+        intermediate_dim: inner width. Defaults to 4x the input width.
+        activation: "relu" (original Transformer), "gelu" (exact), "gelu_tanh"
+            (GPT-2), "silu", or a gated shorthand "swiglu", "geglu", "reglu".
+        gated: use a GLU: the activated gate projection multiplies a second,
+            linear projection (T5 v1.1, LLaMA). Implied by the shorthands.
+        use_bias: whether the projections have biases (T5 has none).
+        dropout: dropout after the activation, as in `torch.nn.Transformer`.
+        kernel_initializer, bias_initializer: initializers of the projections.
+
+    Example:
+
+    >>> ffn = FeedForward(activation="swiglu")
+    >>> ffn(np.random.rand(2, 10, 64).astype("float32")).shape
+    (2, 10, 64)
+    """
+
+    def __init__(
+        self,
+        intermediate_dim=None,
+        activation="relu",
+        gated=False,
+        use_bias=True,
+        dropout=0.0,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.activation_name, self.gated = resolve_activation(activation, gated)
+        self.activation = activation
+        self.intermediate_dim = intermediate_dim
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+        inner = self.intermediate_dim or 4 * width
+
+        def dense(name, units):
+            return keras.layers.Dense(
+                units,
+                use_bias=self.use_bias,
+                kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        self.intermediate_dense = dense("intermediate", inner)
+        self.intermediate_dense.build(inputs_shape)
+        self.gate_dense = None
+        if self.gated:
+            self.gate_dense = dense("gate", inner)
+            self.gate_dense.build(inputs_shape)
+        self.output_dense = dense("output", width)
+        self.output_dense.build((*inputs_shape[:-1], inner))
+        self.inner_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        act = ACTIVATIONS[self.activation_name]
+        hidden = self.intermediate_dense(inputs)  # (B, T, F)
+        if self.gated:
+            hidden = act(self.gate_dense(inputs)) * hidden  # (B, T, F)
+        else:
+            hidden = act(hidden)  # (B, T, F)
+        hidden = self.inner_dropout(hidden, training=training)
+        return self.output_dense(hidden)  # (B, T, C)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "intermediate_dim": self.intermediate_dim,
+            "activation": self.activation,
+            "gated": self.gated,
+            "use_bias": self.use_bias,
+            "dropout": self.dropout,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }
