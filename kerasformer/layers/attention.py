@@ -277,6 +277,9 @@ class MultiHeadAttention(keras.layers.Layer):
         if padding_mask is None and not precomputed:  # An explicit mask wins.
             padding_mask = get_keras_mask(key)
         query_mask = get_keras_mask(query)
+        # Masks are handled here; clear them so the projections do not warn.
+        for tensor in (query, value, key):
+            set_keras_mask(tensor, None)
 
         q = self.query_dense(query)  # (B, T, H, D)
         query_start = 0

@@ -56,6 +56,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         encoding = ops.reshape(encoding, (length, -1))[:, :width]  # (T, d)
         return ops.broadcast_to(ops.cast(encoding, self.compute_dtype), shape)
 
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
     def get_config(self):
         return {**super().get_config(), "max_wavelength": self.max_wavelength}
 
@@ -117,6 +120,9 @@ class PositionEmbedding(keras.layers.Layer):
         positions = ops.slice(table, (start_index, 0), (shape[1], shape[-1]))  # (T, d)
         return ops.broadcast_to(ops.cast(positions, self.compute_dtype), shape)
 
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
     def get_config(self):
         return {
             **super().get_config(),
@@ -172,6 +178,9 @@ class RotaryEmbedding(keras.layers.Layer):
         rotated_half = ops.concatenate([-second, first], axis=-1)  # (B, T, H, D)
         outputs = x * ops.cos(angles) + rotated_half * ops.sin(angles)
         return ops.cast(outputs, self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
 
     def get_config(self):
         return {
@@ -268,6 +277,10 @@ class RelativePositionBias(keras.layers.Layer):
         bias = ops.take(ops.convert_to_tensor(self.bias_embeddings), buckets, axis=0)  # (T, S, H)
         bias = ops.transpose(bias, (2, 0, 1))[None]  # (1, H, T, S)
         return ops.cast(bias, self.compute_dtype)
+
+    def compute_output_shape(self, query_shape, key_shape=None):
+        key_shape = key_shape or query_shape
+        return (1, self.num_heads, query_shape[1], key_shape[1])
 
     def get_config(self):
         return {

@@ -1,0 +1,39 @@
+"""Shared test helpers: backend-independent conversion, seeding, precision."""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+BACKEND = keras.backend.backend()
+
+
+def to_numpy(x):
+    """Any backend's tensor (or a nested tuple of them) as float64-safe numpy."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_numpy(v) for v in x)
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def random_inputs(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+@pytest.fixture(autouse=True)
+def _float32_and_seeded():
+    """Every test starts in float32 with fixed seeds, and restores the policy."""
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    keras.utils.set_random_seed(1234)
+    yield
+    keras.config.set_dtype_policy(policy)
+
+
+def save_and_reload(model, tmp_path):
+    path = tmp_path / "model.keras"
+    model.save(path)
+    return keras.saving.load_model(path)
