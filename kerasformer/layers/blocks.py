@@ -295,7 +295,7 @@ class DecoderBlock(_TransformerBlock):
                 encoder_padding_mask = get_keras_mask(encoder_outputs)
             outputs = self.cross_attention(
                 outputs,
-                encoder_outputs,
+                context=encoder_outputs,
                 padding_mask=encoder_padding_mask,
                 attention_bias=cross_attention_bias,
                 cache=cross_attention_cache,

@@ -33,7 +33,11 @@ class Residual(keras.layers.Layer):
 
     Call arguments:
         inputs: `(B, T, C)`.
-        *args, **kwargs: passed to the sublayer after the (normed) inputs.
+        context: second positional input of the sublayer, e.g. the encoder
+            outputs of cross-attention (not normed here).
+        padding_mask, attention_mask, attention_bias, use_causal_mask, cache,
+            cache_update_index, return_attention_scores: forwarded to the
+            sublayer when given (see `MultiHeadAttention`).
 
     Example:
 
@@ -66,9 +70,35 @@ class Residual(keras.layers.Layer):
         # The sublayer builds on its first call, where all its input shapes are known.
         self.built = True
 
-    def call(self, inputs, *args, training=None, **kwargs):
+    def call(
+        self,
+        inputs,
+        context=None,
+        padding_mask=None,
+        attention_mask=None,
+        attention_bias=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        # Keras forbids a `**kwargs` of mixed tensors and flags in `call`, so
+        # the arguments an attention sublayer may take are spelled out; only
+        # those given are forwarded, so any `f(x, training)` layer also fits.
+        forwarded = {
+            "padding_mask": padding_mask,
+            "attention_mask": attention_mask,
+            "attention_bias": attention_bias,
+            "use_causal_mask": use_causal_mask,
+            "cache": cache,
+            "cache_update_index": cache_update_index,
+            "return_attention_scores": return_attention_scores,
+        }
+        forwarded = {k: v for k, v in forwarded.items() if v is not None and v is not False}
+        args = () if context is None else (context,)
         x = self.norm(inputs) if self.norm_first else inputs
-        outputs = self.sublayer(x, *args, training=training, **kwargs)
+        outputs = self.sublayer(x, *args, training=training, **forwarded)
         extras = ()
         if isinstance(outputs, (tuple, list)):
             outputs, *extras = outputs
