@@ -88,13 +88,14 @@ def merge_attention_masks(
 def _fused_attention_is_faster():
     """Whether `keras.ops.dot_product_attention` beats explicit einsum+softmax.
 
-    Measured on 2 CPU cores, fwd+bwd, B16/T128/H4/D64 (benchmarks/attention_paths.py):
-    - jax (jit): fused 12.6 ms vs explicit 10.2 ms -> explicit. On GPU,
+    Measured on 2 CPU cores, causal fwd+bwd of the attention core at
+    B16/T128/H4/D64 (`benchmarks/attention_paths.py`; fused vs explicit):
+    - jax (jit): 24.1 vs 22.6 ms -> explicit. On GPU,
       `jax.nn.dot_product_attention` reaches cuDNN flash attention -> fused.
-    - torch (eager): fused SDPA is faster (one kernel, no score tensor) -> fused.
-    - tensorflow: Keras implements the "fused" op with the same einsums, so
-      there is no fused kernel to win; the explicit path avoids its extra
-      transposes -> explicit.
+    - tensorflow (XLA): 16.6 vs 15.2 ms -> explicit. Keras implements the
+      "fused" op with the same einsums, so there is no kernel to win.
+    - torch (eager): 15.0 vs 16.4 ms -> fused (SDPA: one kernel, no score
+      tensor kept for backward); on CUDA it is flash attention.
     """
     backend = keras.backend.backend()
     if backend == "torch":
@@ -205,6 +206,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
+        # None picks the faster path for this backend and device; True/False
+        # force the fused kernel or the explicit einsum path (benchmarks).
+        self.fused_attention = None
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         width = query_shape[-1]
@@ -341,7 +345,9 @@ class MultiHeadAttention(keras.layers.Layer):
         """softmax(q k^T * scale + bias) v on (B, T, H, D) tensors."""
         scale = self.scale if self.scale is not None else 1.0 / self.head_dim**0.5
         use_dropout = self.dropout > 0 and training
-        if not return_scores and not use_dropout and _fused_attention_is_faster():
+        fused = self.fused_attention
+        fused = _fused_attention_is_faster() if fused is None else fused
+        if not return_scores and not use_dropout and fused:
             if bias is not None and mask is not None:
                 # The fused op takes a bias or a mask, not both: fold the mask in.
                 bias = ops.where(mask[:, None], bias, _large_negative(q.dtype))
