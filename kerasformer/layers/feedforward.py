@@ -11,7 +11,8 @@ ACTIVATIONS = {
     "silu": keras.activations.silu,
 }
 # Shorthands for the gated variants of Shazeer, "GLU Variants Improve Transformer".
-GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
+# "geglu_tanh" is T5 v1.1's "gated-gelu".
+GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "reglu": "relu"}
 
 
 def resolve_activation(activation, gated=False):
@@ -33,7 +34,8 @@ class FeedForward(keras.layers.Layer):
     Args:
         intermediate_dim: inner width. Defaults to 4x the input width.
         activation: "relu" (original Transformer), "gelu" (exact), "gelu_tanh"
-            (GPT-2), "silu", or a gated shorthand "swiglu", "geglu", "reglu".
+            (GPT-2), "silu", or a gated shorthand "swiglu", "geglu",
+            "geglu_tanh" (T5 v1.1), "reglu".
         gated: use a GLU: the activated gate projection multiplies a second,
             linear projection (T5 v1.1, LLaMA). Implied by the shorthands.
         use_bias: whether the projections have biases (T5 has none).

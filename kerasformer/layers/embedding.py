@@ -1,0 +1,118 @@
+"""Token embedding whose transpose can also serve as the output layer (tied head)."""
+
+import keras
+from keras import ops
+
+
+def _concrete_values(x):
+    """`x` as numpy when it holds values now (eager), else None (traced)."""
+    if isinstance(x, keras.KerasTensor):
+        return None
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            return None
+    elif backend == "jax":
+        import jax
+
+        if isinstance(x, jax.core.Tracer):
+            return None
+    elif backend == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None
+    return keras.ops.convert_to_numpy(x)
+
+
+def check_token_ids(token_ids, vocab_size, name="token_ids"):
+    """Raises a ValueError naming `name` if eager ids fall outside `[0, vocab_size)`.
+
+    Traced (compiled) calls cannot raise, so they are checked where data
+    enters: here when eager, and in generation, export and serving.
+    """
+    values = _concrete_values(token_ids)
+    if values is None or values.size == 0:
+        return
+    if not (values.dtype.kind in "iu"):
+        raise ValueError(f"`{name}` must be integer token ids, got dtype {values.dtype}.")
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`{name}` must lie in [0, {vocab_size}) (vocab_size={vocab_size}), "
+            f"got values from {low} to {high}."
+        )
+
+
+@keras.saving.register_keras_serializable(package="kerasformer")
+class TokenEmbedding(keras.layers.Layer):
+    """A `(vocab_size, hidden_dim)` embedding table, usable in reverse as the LM head.
+
+    `embedding(ids)` looks rows up; `embedding(hidden, reverse=True)` computes
+    `hidden @ table^T`, the logits of a head tied to the input embedding
+    (GPT-2, BERT, T5 v1.0, the original Transformer).
+
+    Args:
+        vocab_size: number of tokens.
+        hidden_dim: embedding width.
+        scale: multiplier of looked-up embeddings; the original Transformer
+            uses `sqrt(hidden_dim)`.
+        embeddings_initializer: initializer of the table.
+
+    Example:
+
+    >>> embedding = TokenEmbedding(100, 16)
+    >>> hidden = embedding(np.array([[1, 2, 3]]))
+    >>> embedding(hidden, reverse=True).shape
+    (1, 3, 100)
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        hidden_dim,
+        scale=None,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.hidden_dim = hidden_dim
+        self.scale = scale
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+
+    def build(self, inputs_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocab_size, self.hidden_dim),
+            initializer=self.embeddings_initializer,
+        )
+        self.built = True
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            table = ops.cast(self.embeddings, self.compute_dtype)
+            return ops.matmul(inputs, ops.transpose(table))  # (B, T, V)
+        check_token_ids(inputs, self.vocab_size)
+        outputs = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, C)
+        if self.scale is not None:
+            outputs = outputs * self.scale
+        return ops.cast(outputs, self.compute_dtype)
+
+    def compute_output_spec(self, inputs, reverse=False):
+        if reverse:
+            shape = (*inputs.shape[:-1], self.vocab_size)
+        else:
+            shape = (*inputs.shape, self.hidden_dim)
+        return keras.KerasTensor(shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "hidden_dim": self.hidden_dim,
+            "scale": self.scale,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+        }

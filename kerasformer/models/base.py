@@ -1,0 +1,70 @@
+"""What every model builder shares: its constructor arguments are its config."""
+
+import inspect
+
+import keras
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"Unknown `{name}` {value!r}; expected one of {choices}.")
+
+
+def constructor_arguments(frame_locals, cls):
+    """The named arguments of `cls.__init__` as they were passed."""
+    names = [
+        name
+        for name, parameter in inspect.signature(cls.__init__).parameters.items()
+        if name != "self" and parameter.kind is parameter.POSITIONAL_OR_KEYWORD
+    ]
+    return {name: frame_locals[name] for name in names}
+
+
+class TransformerModel(keras.Model):
+    """A functional `keras.Model` whose config is its constructor arguments.
+
+    Subclasses build their layers and graph in `__init__`, call
+    `super().__init__(inputs=..., outputs=...)`, then `self._set_config(...)`
+    so that `get_config` / `from_config` (and `.keras` files) round-trip.
+    """
+
+    def _set_config(self, config):
+        self._model_config = dict(config)
+        for key, value in config.items():
+            setattr(self, key, value)
+
+    def get_config(self):
+        return {"name": self.name, "trainable": self.trainable, **self._model_config}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+class TaskModel(TransformerModel):
+    """A `TransformerModel` wrapping a backbone model (given as `backbone=`)."""
+
+    def get_config(self):
+        config = super().get_config()
+        config["backbone"] = keras.saving.serialize_keras_object(self.backbone)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
+        return cls(**config)
+
+
+def empty_cache(blocks, batch_size, max_length, dtype):
+    """A zero KV cache `(B, layers, 2, max_length, K, D)` for the self-attention of `blocks`."""
+    attention = blocks[0].self_attention.sublayer
+    shape = (
+        batch_size,
+        len(blocks),
+        2,
+        max_length,
+        attention.num_key_value_heads,
+        attention.head_dim,
+    )
+    return keras.ops.zeros(shape, dtype=dtype)
