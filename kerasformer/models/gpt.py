@@ -119,13 +119,13 @@ class GPT(TransformerModel):
             ),
         )
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-        logits, _, _ = GPT.forward(parts, token_ids)
+        logits, _, _ = GPT.compute_logits(parts, token_ids)
         super().__init__(inputs=token_ids, outputs=logits, **kwargs)
         for name, value in vars(parts).items():
             setattr(self, name, value)
         self._set_config(config)
 
-    def forward(self, token_ids, cache=None, cache_update_index=None):
+    def compute_logits(self, token_ids, cache=None, cache_update_index=None):
         """Logits for `token_ids` `(B, T)`; with a cache, placed at `cache_update_index`.
 
         `cache` is `(B, layers, 2, max_length, K, D)` (see `empty_cache`); the
@@ -155,5 +155,5 @@ class GPT(TransformerModel):
         return logits, x, (ops.stack(caches, axis=1) if caches else None)
 
     def empty_cache(self, batch_size, max_length):
-        """A zero KV cache `(B, layers, 2, max_length, K, D)` for `forward`."""
+        """A zero KV cache `(B, layers, 2, max_length, K, D)` for `compute_logits`."""
         return empty_cache(self.blocks, batch_size, max_length, self.compute_dtype)

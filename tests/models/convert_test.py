@@ -1,0 +1,154 @@
+"""Converted models equal randomly initialized Hugging Face references (fp32, 1e-4)."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from kerasformer.convert import from_huggingface, to_huggingface
+from kerasformer.models import BERT, GPT, T5, BERTClassifier, BERTMaskedLM
+from tests.conftest import to_numpy
+
+torch.manual_seed(0)
+ATOL = 1e-4
+
+
+def tiny_gpt2():
+    config = transformers.GPT2Config(
+        vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+        bos_token_id=0, eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def tiny_bert_config(**kwargs):
+    return transformers.BertConfig(
+        vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=48, max_position_embeddings=40, **kwargs,
+    )
+
+
+def tiny_t5(**kwargs):
+    config = transformers.T5Config(
+        vocab_size=103, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20, **kwargs,
+    )
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def token_ids(vocab, shape, seed=0, low=1):
+    return np.random.default_rng(seed).integers(low, vocab, shape).astype("int32")
+
+
+def gpt2_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+
+
+def test_gpt2_logits_match():
+    hf = tiny_gpt2()
+    ids = token_ids(97, (2, 11))
+    model = from_huggingface(hf)
+    assert isinstance(model, GPT)
+    np.testing.assert_allclose(to_numpy(model(ids)), gpt2_logits(hf, ids), atol=ATOL)
+
+
+def bert_inputs(vocab, length=9):
+    ids = token_ids(vocab, (2, length), low=5)
+    ids[1, 6:] = 0  # Padding in the second sequence.
+    segments = np.zeros_like(ids)
+    segments[:, 4:] = 1
+    return ids, segments
+
+
+def torch_bert_inputs(ids, segments):
+    return dict(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        token_type_ids=torch.tensor(segments, dtype=torch.long),
+        attention_mask=torch.tensor(ids != 0, dtype=torch.long),
+    )
+
+
+def test_bert_backbone_outputs_match():
+    hf = transformers.BertModel(tiny_bert_config()).eval()
+    ids, segments = bert_inputs(101)
+    model = from_huggingface(hf)
+    assert isinstance(model, BERT)
+    outputs = model({"token_ids": ids, "segment_ids": segments})
+    with torch.no_grad():
+        expected = hf(**torch_bert_inputs(ids, segments))
+    real = ids != 0
+    np.testing.assert_allclose(
+        to_numpy(outputs["sequence_output"])[real], expected.last_hidden_state.numpy()[real], atol=ATOL
+    )
+    np.testing.assert_allclose(to_numpy(outputs["pooled_output"]), expected.pooler_output.numpy(), atol=ATOL)
+
+
+@pytest.mark.parametrize("architecture", ["BertForMaskedLM", "BertForSequenceClassification"])
+def test_bert_task_models_match(architecture):
+    hf = getattr(transformers, architecture)(tiny_bert_config(num_labels=3)).eval()
+    ids, segments = bert_inputs(101)
+    model = from_huggingface(hf)
+    assert isinstance(model, BERTMaskedLM if architecture == "BertForMaskedLM" else BERTClassifier)
+    ours = to_numpy(model({"token_ids": ids, "segment_ids": segments}))
+    with torch.no_grad():
+        expected = hf(**torch_bert_inputs(ids, segments)).logits.numpy()
+    if architecture == "BertForMaskedLM":
+        ours, expected = ours[ids != 0], expected[ids != 0]
+    np.testing.assert_allclose(ours, expected, atol=ATOL)
+
+
+def t5_logits(hf, encoder_ids, decoder_ids):
+    with torch.no_grad():
+        return hf(
+            input_ids=torch.tensor(encoder_ids, dtype=torch.long),
+            attention_mask=torch.tensor(encoder_ids != 0, dtype=torch.long),
+            decoder_input_ids=torch.tensor(decoder_ids, dtype=torch.long),
+        ).logits.numpy()
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}], ids=["v1.0", "v1.1"]
+)
+def test_t5_logits_match(options):
+    hf = tiny_t5(**options)
+    encoder_ids = token_ids(103, (2, 12), seed=1, low=2)
+    encoder_ids[0, 9:] = 0
+    decoder_ids = token_ids(103, (2, 7), seed=2)
+    decoder_ids[:, 0] = 0  # The decoder starts from the pad token.
+    model = from_huggingface(hf)
+    assert isinstance(model, T5)
+    ours = model({"encoder_token_ids": encoder_ids, "decoder_token_ids": decoder_ids})
+    np.testing.assert_allclose(to_numpy(ours), t5_logits(hf, encoder_ids, decoder_ids), atol=ATOL)
+
+
+def test_checkpoint_folder_round_trip(tmp_path):
+    """HF writes a folder; we read it, write our own, and HF reads that back."""
+    hf = tiny_gpt2()
+    hf.save_pretrained(tmp_path / "hf")
+    model = from_huggingface(tmp_path / "hf")
+    ids = token_ids(97, (2, 8))
+    np.testing.assert_allclose(to_numpy(model(ids)), gpt2_logits(hf, ids), atol=ATOL)
+
+    to_huggingface(model, tmp_path / "ours")
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "ours").eval()
+    np.testing.assert_allclose(gpt2_logits(reloaded, ids), gpt2_logits(hf, ids), atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["bert_mlm", "t5"])
+def test_written_state_dict_loads_strictly_into_transformers(family):
+    hf = transformers.BertForMaskedLM(tiny_bert_config()).eval() if family == "bert_mlm" else tiny_t5()
+    config, state = to_huggingface(from_huggingface(hf))
+    reference = hf.state_dict()
+    for name, value in state.items():
+        np.testing.assert_allclose(value, reference[name].numpy(), atol=1e-7, err_msg=name)
+    tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "encoder.embed_tokens.weight",
+            "decoder.embed_tokens.weight", "lm_head.weight"}
+    assert set(reference) - set(state) <= tied
+
+
+def test_bad_sources_are_named():
+    with pytest.raises(ValueError, match="config.json"):
+        from_huggingface("/nonexistent/folder")
+    with pytest.raises(ValueError, match="source"):
+        from_huggingface(42)
