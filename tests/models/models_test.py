@@ -1,0 +1,165 @@
+"""Each builder builds, trains, saves and loads, and ignores padding, on every backend."""
+
+import keras
+import numpy as np
+import pytest
+
+from kerasformer.models import (
+    BERT,
+    GPT,
+    T5,
+    BERTClassifier,
+    BERTMaskedLM,
+    Transformer,
+    from_preset,
+    preset_names,
+)
+from tests.conftest import save_and_reload, to_numpy
+
+VOCAB = 64
+
+
+def lm_batch(length=12, batch=16, seed=0):
+    """Sequences a, a+d, a+2d, ... modulo VOCAB (never 0, the pad id)."""
+    rng = np.random.default_rng(seed)
+    start = rng.integers(1, VOCAB, (batch, 1))
+    step = rng.integers(1, 4, (batch, 1))
+    return (1 + (start + step * np.arange(length + 1)) % (VOCAB - 1)).astype("int32")
+
+
+def tiny(name, **overrides):
+    return from_preset(name, vocab_size=VOCAB, **overrides)
+
+
+def gpt_data():
+    seq = lm_batch()
+    return tiny("gpt2-tiny"), seq[:, :-1], seq[:, 1:]
+
+
+def bert_data():
+    seq = lm_batch()[:, :-1]
+    inputs = {"token_ids": seq, "segment_ids": np.zeros_like(seq)}
+    labels = (seq[:, 0] % 3).astype("int32")
+    return BERTClassifier(tiny("bert-tiny"), num_classes=3, dropout=0.0), inputs, labels
+
+
+def seq2seq_data(name):
+    source = lm_batch(seed=1)[:, :-1]
+    target = source[:, ::-1]  # Reverse the sequence.
+    decoder_inputs = np.concatenate([np.zeros_like(target[:, :1]), target[:, :-1]], axis=1)
+    inputs = {"encoder_token_ids": source, "decoder_token_ids": decoder_inputs}
+    return tiny(name), inputs, target
+
+
+def task(name):
+    if name == "gpt":
+        return gpt_data()
+    if name == "bert":
+        return bert_data()
+    return seq2seq_data({"t5": "t5-tiny", "transformer": "transformer-tiny"}[name])
+
+
+FAMILIES = ["gpt", "bert", "t5", "transformer"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fit_lowers_the_loss(family):
+    model, inputs, labels = task(family)
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    before = model.evaluate(inputs, labels, verbose=0)
+    model.fit(inputs, labels, epochs=8, batch_size=8, verbose=0)
+    after = model.evaluate(inputs, labels, verbose=0)
+    assert after < 0.8 * before, (before, after)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keras_file_round_trip_gives_identical_outputs(family, tmp_path):
+    model, inputs, _ = task(family)
+    restored = save_and_reload(model, tmp_path)
+    assert type(restored) is type(model)
+    np.testing.assert_array_equal(to_numpy(restored(inputs)), to_numpy(model(inputs)))
+
+
+def test_bert_masked_lm_round_trip_and_tied_head(tmp_path):
+    model = BERTMaskedLM(tiny("bert-tiny"))
+    ids = lm_batch(8, 2)
+    inputs = {"token_ids": ids, "segment_ids": np.zeros_like(ids)}
+    restored = save_and_reload(model, tmp_path)
+    np.testing.assert_array_equal(to_numpy(restored(inputs)), to_numpy(model(inputs)))
+    # The MLM head reuses the token embedding: no second vocab x width matrix.
+    backbone_params = model.backbone.count_params()
+    head = model.mlm_head
+    assert model.count_params() == backbone_params + head.dense.count_params() + head.norm.count_params() + VOCAB
+
+
+@pytest.mark.parametrize("family", ["bert", "t5", "transformer"])
+def test_padding_does_not_change_outputs_at_real_tokens(family):
+    model, inputs, _ = task(family)
+    key = "token_ids" if family == "bert" else "encoder_token_ids"
+    padded = {k: np.concatenate([v, np.zeros((v.shape[0], 5), v.dtype)], axis=1) if k in (key, "segment_ids") else v for k, v in inputs.items()}
+    # Classifier logits (BERT) or decoder logits (seq2seq) see only real tokens.
+    np.testing.assert_allclose(to_numpy(model(padded)), to_numpy(model(inputs)), atol=1e-5)
+
+
+def test_gpt_right_padding_does_not_change_real_positions():
+    model, ids, _ = gpt_data()
+    padded = np.concatenate([ids, np.zeros((ids.shape[0], 4), ids.dtype)], axis=1)
+    np.testing.assert_allclose(to_numpy(model(padded))[:, : ids.shape[1]], to_numpy(model(ids)), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_variable_sequence_length_without_rebuilding(family):
+    model, inputs, _ = task(family)
+    weights = len(model.weights)
+    for length in (3, 7, 12):
+        cut = {k: v[:, :length] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:, :length]
+        out = to_numpy(model(cut))
+        assert np.all(np.isfinite(out))
+        if family != "bert":
+            assert out.shape[1] == length
+    assert len(model.weights) == weights
+
+
+@pytest.mark.parametrize("builder,kwargs", [
+    (GPT, dict(position_type="rotary", norm_type="rms_norm", activation="swiglu", use_bias=False, tie_embeddings=False, num_key_value_heads=2)),
+    (GPT, dict(position_type="sinusoidal", norm_first=False)),
+    (BERT, dict(position_type="rotary", norm_first=True)),
+    (Transformer, dict(norm_first=True, share_embeddings=False, tie_embeddings=False, target_vocab_size=50)),
+    (T5, dict(activation="geglu_tanh", tie_embeddings=False, num_decoder_layers=3)),
+], ids=["gpt_llama_style", "gpt_post_norm", "bert_rotary", "transformer_separate_vocab", "t5_v1_1"])
+def test_options_build_and_round_trip(builder, kwargs, tmp_path):
+    sizes = dict(vocab_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=32)
+    if builder in (T5, Transformer):
+        sizes["intermediate_dim"] = 64
+    model = builder(**sizes, **kwargs)
+    assert builder.from_config(model.get_config()).count_params() == model.count_params()
+    ids = lm_batch(6, 2)
+    if builder is GPT:
+        inputs = ids
+    elif builder is BERT:
+        inputs = {"token_ids": ids, "segment_ids": np.zeros_like(ids)}
+    else:
+        inputs = {"encoder_token_ids": ids, "decoder_token_ids": ids[:, :4] % 50}
+    expected, restored = model(inputs), save_and_reload(model, tmp_path)(inputs)
+    if builder is BERT:
+        expected, restored = expected["sequence_output"], restored["sequence_output"]
+    np.testing.assert_array_equal(to_numpy(restored), to_numpy(expected))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="position_type"):
+        GPT(VOCAB, 1, 2, 32, position_type="alibi")
+    with pytest.raises(ValueError, match="num_heads"):
+        GPT(VOCAB, 1, 3, 32)
+    with pytest.raises(ValueError, match="sequence_length=128"):
+        tiny("gpt2-tiny")(np.ones((1, 129), "int32"))
+    with pytest.raises(ValueError, match="vocab_size=64"):
+        tiny("gpt2-tiny")(np.array([[1, 64]]))
+    with pytest.raises(ValueError, match="preset"):
+        from_preset("gpt5")
+    with pytest.raises(ValueError, match="target_vocab_size"):
+        Transformer(VOCAB, 1, 2, 32, 64, target_vocab_size=10)
+    assert "gpt2-small" in preset_names()
