@@ -116,7 +116,7 @@ def attention_scores(model, inputs, layer):
         block = blocks[names.index(layer)]
     arguments = _block_inputs(model, block)
     # Compute the block's own inputs, then call it again asking for its scores.
-    probe = keras.Model(model.inputs, arguments.keras_tensors)
+    probe = keras.Model(model.input, arguments.keras_tensors)
     values = probe(inputs)
     values = values if isinstance(values, (list, tuple)) else [values]
     args, kwargs = arguments.fill_in({id(t): v for t, v in zip(arguments.keras_tensors, values)})
