@@ -305,10 +305,11 @@ class MultiHeadAttention(keras.layers.Layer):
             if not precomputed:
                 k = self.rotary(k, start_index=query_start)  # (B, S, K, D)
         if cache is not None and cache_update_index is not None:
-            start = [0, cache_update_index, 0, 0]
-            k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
-            v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
-            cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, K, D)
+            # One update of the (B, 2, S_max, K, D) cache: XLA does it in place,
+            # torch copies the layer's cache once.
+            new_key_values = ops.cast(ops.stack([k, v], axis=1), cache.dtype)  # (B, 2, T, K, D)
+            cache = ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new_key_values)
+            k, v = cache[:, 0], cache[:, 1]  # (B, S_max, K, D)
             # Unwritten cache slots lie after the queries: causal masking hides them.
             use_causal_mask = True
 

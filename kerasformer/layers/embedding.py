@@ -22,7 +22,7 @@ def _concrete_values(x):
     elif backend == "torch":
         import torch
 
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return None
     return keras.ops.convert_to_numpy(x)
 

@@ -116,9 +116,10 @@ class PositionEmbedding(keras.layers.Layer):
                 f"fit the learned position table of `sequence_length="
                 f"{self.sequence_length}`; the longest input is {self.sequence_length}."
             )
-        table = ops.convert_to_tensor(self.position_embeddings)
-        positions = ops.slice(table, (start_index, 0), (shape[1], shape[-1]))  # (T, d)
-        return ops.broadcast_to(ops.cast(positions, self.compute_dtype), shape)
+        # A gather rather than a dynamic slice: both XLA and torch.export take it.
+        positions = ops.arange(shape[1]) + ops.cast(start_index, "int32")  # (T,)
+        embeddings = ops.take(self.position_embeddings, positions, axis=0)  # (T, d)
+        return ops.broadcast_to(ops.cast(embeddings, self.compute_dtype), shape)
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

@@ -128,9 +128,9 @@ class GPT(TransformerModel):
     def compute_logits(self, token_ids, cache=None, cache_update_index=None):
         """Logits for `token_ids` `(B, T)`; with a cache, placed at `cache_update_index`.
 
-        `cache` is `(B, layers, 2, max_length, K, D)` (see `empty_cache`); the
-        keys and values of these tokens are written into it. Returns
-        `(logits (B, T, V), hidden (B, T, C), cache or None)`.
+        `cache` is a tuple of `(B, 2, max_length, K, D)` tensors, one per block
+        (see `empty_cache`); the keys and values of these tokens are written
+        into it. Returns `(logits (B, T, V), hidden (B, T, C), cache or None)`.
         """
         start = 0 if cache_update_index is None else cache_update_index
         x = self.token_embedding(token_ids)  # (B, T, C)
@@ -143,7 +143,7 @@ class GPT(TransformerModel):
                 x = block(x)  # (B, T, C)
             else:
                 x, layer_cache = block(
-                    x, self_attention_cache=cache[:, i], cache_update_index=cache_update_index
+                    x, self_attention_cache=cache[i], cache_update_index=cache_update_index
                 )  # (B, T, C), (B, 2, S_max, K, D)
                 caches.append(layer_cache)
         if self.final_norm is not None:
@@ -152,8 +152,8 @@ class GPT(TransformerModel):
             logits = self.lm_head(x)  # (B, T, V)
         else:
             logits = self.token_embedding(x, reverse=True)  # (B, T, V)
-        return logits, x, (ops.stack(caches, axis=1) if caches else None)
+        return logits, x, (tuple(caches) if caches else None)
 
     def empty_cache(self, batch_size, max_length):
-        """A zero KV cache `(B, layers, 2, max_length, K, D)` for `compute_logits`."""
+        """A zero KV cache for `compute_logits`: a `(B, 2, max_length, K, D)` tensor per block."""
         return empty_cache(self.blocks, batch_size, max_length, self.compute_dtype)

@@ -46,9 +46,10 @@ class EncoderDecoderModel(TransformerModel):
     ):
         """Logits for `decoder_token_ids`, placed at `cache_update_index` with caches.
 
-        Caches are `(B, layers, 2, length, K, D)`: `self_attention_cache` (from
-        `empty_cache`) is written and returned; `cross_attention_cache` (from
-        `cross_attention_cache`) is only read. Returns `(logits, hidden, cache)`.
+        Caches are tuples of `(B, 2, length, K, D)` tensors, one per block:
+        `self_attention_cache` (from `empty_cache`) is written and returned;
+        `cross_attention_cache` (from `cross_attention_cache`) is only read.
+        Returns `(logits, hidden, cache)`.
         """
         start = 0 if cache_update_index is None else cache_update_index
         x = self.target_embedding(decoder_token_ids)  # (B, T, C)
@@ -57,7 +58,7 @@ class EncoderDecoderModel(TransformerModel):
         x = self.dropout_layer(x)
         bias = None
         if self.decoder_position_bias is not None:
-            keys = x if self_attention_cache is None else self_attention_cache[:, 0, 0]
+            keys = x if self_attention_cache is None else self_attention_cache[0][:, 0]
             bias = self.decoder_position_bias(x, keys, query_start=start)  # (1, H, T, S)
         caches = []
         for i, block in enumerate(self.decoder_blocks):
@@ -73,9 +74,9 @@ class EncoderDecoderModel(TransformerModel):
                     x,
                     encoder_padding_mask=encoder_padding_mask,
                     self_attention_bias=bias,
-                    self_attention_cache=self_attention_cache[:, i],
+                    self_attention_cache=self_attention_cache[i],
                     cache_update_index=cache_update_index,
-                    cross_attention_cache=cross_attention_cache[:, i],
+                    cross_attention_cache=cross_attention_cache[i],
                 )  # (B, T, C), (B, 2, S_max, K, D)
                 caches.append(layer_cache)
         if self.decoder_final_norm is not None:
@@ -85,17 +86,16 @@ class EncoderDecoderModel(TransformerModel):
         else:
             scaled = x if self.output_scale is None else x * self.output_scale
             logits = self.target_embedding(scaled, reverse=True)  # (B, T, V)
-        return logits, x, (ops.stack(caches, axis=1) if caches else None)
+        return logits, x, (tuple(caches) if caches else None)
 
     def cross_attention_cache(self, encoder_outputs):
         """Keys and values of the encoder outputs for each decoder block, computed once."""
-        return ops.stack(
-            [b.cross_attention.sublayer.compute_cache(encoder_outputs) for b in self.decoder_blocks],
-            axis=1,
-        )  # (B, layers, 2, S, K, D)
+        return tuple(
+            b.cross_attention.sublayer.compute_cache(encoder_outputs) for b in self.decoder_blocks
+        )  # (B, 2, S, K, D) per block
 
     def empty_cache(self, batch_size, max_length):
-        """A zero decoder self-attention cache `(B, layers, 2, max_length, K, D)`."""
+        """A zero decoder self-attention cache: a `(B, 2, max_length, K, D)` tensor per block."""
         return empty_cache(self.decoder_blocks, batch_size, max_length, self.compute_dtype)
 
     def _build_graph(self, parts, **kwargs):

@@ -1,0 +1,367 @@
+"""Text generation with a KV cache, as one compiled loop per backend.
+
+    new_ids = generate(gpt, [[5, 6, 7], [8, 9]], max_new_tokens=20, temperature=0.8, top_k=40, seed=1)
+    new_ids = generate(t5, encoder_token_ids, max_new_tokens=20)
+
+The whole loop (prefill, then one token per step through the cache) is a
+`keras.ops.while_loop`, compiled by `jax.jit` on JAX and by
+`tf.function(jit_compile=True)` on TensorFlow; on PyTorch it runs eagerly
+under `torch.no_grad()` (nothing is traced, so nothing is re-traced per
+token). Compiled loops are cached per shape and option set, so calls with the
+same shapes do not recompile.
+
+Sampling draws its random numbers before the loop (from `seed`), and picks
+tokens by inverting the CDF of the filtered distribution: the same seed gives
+the same tokens, and the loop needs no random state.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+from keras import ops
+
+from kerasformer.layers.embedding import check_token_ids
+
+
+def filter_logits(logits, top_k=None, top_p=None):
+    """Keeps the `top_k` largest logits and the smallest set reaching `top_p` mass.
+
+    `logits` is `(B, V)`; `top_k` (0 = all) and `top_p` (1.0 = all) may be
+    tensors. Dropped logits become a large negative number.
+    """
+    vocab_size = logits.shape[-1]
+    if top_k is None and top_p is None:
+        return logits
+    descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)  # (B, V)
+    threshold = descending[:, -1]  # (B,) Keep everything by default.
+    if top_k is not None:
+        k = ops.cast(top_k, "int32")
+        k = ops.where(k > 0, ops.minimum(k, vocab_size), vocab_size)
+        threshold = ops.maximum(threshold, ops.take(descending, k - 1, axis=1))
+    if top_p is not None:
+        probabilities = ops.softmax(descending, axis=-1)
+        mass_before = ops.cumsum(probabilities, axis=-1) - probabilities  # (B, V)
+        keep = mass_before < ops.cast(top_p, "float32")  # The first is always kept.
+        # The smallest kept logit is the threshold.
+        kept_min = ops.min(ops.where(keep, descending, ops.max(descending)), axis=-1)
+        threshold = ops.maximum(threshold, kept_min)
+    return ops.where(logits >= threshold[:, None], logits, -1e9)
+
+
+def sample_tokens(logits, noise, temperature=0.0, top_k=None, top_p=None, greedy=None):
+    """Next tokens `(B,)` from `logits` `(B, V)` and uniform `noise` `(B,)`.
+
+    Greedy (argmax) when `temperature` is 0; else samples from
+    `softmax(filter(logits / temperature))` by inverting its CDF at `noise`.
+    `greedy` (a Python bool) skips the sampling code when known in advance.
+    """
+    logits = ops.cast(logits, "float32")
+    argmax = ops.cast(ops.argmax(logits, axis=-1), "int32")
+    if greedy:
+        return argmax
+    temperature = ops.cast(temperature, "float32")
+    scaled = logits / ops.maximum(temperature, 1e-6)
+    probabilities = ops.softmax(filter_logits(scaled, top_k, top_p), axis=-1)  # (B, V)
+    cdf = ops.cumsum(probabilities, axis=-1)
+    target = ops.cast(noise, "float32")[:, None] * cdf[:, -1:]
+    sampled = ops.sum(ops.cast(cdf < target, "int32"), axis=-1)
+    sampled = ops.minimum(sampled, logits.shape[-1] - 1)
+    return ops.where(temperature > 0, sampled, argmax)
+
+
+def _loop_body(step, sampling, pad_token_id):
+    """One generation step, as the body of a `while_loop` over `(index, token_ids, done, cache)`.
+
+    `step(ids (B, 1), index, cache, context)` returns the logits `(B, 1, V)`
+    of the token at `index` and the updated cache. `inputs` holds what
+    every step reads: `(prompt_mask, limits, noise, stop_token_ids, context)`.
+    Prompt positions keep their tokens; a row ends at its limit or after a
+    stop token, and is padded from there on.
+    """
+
+    def body(index, token_ids, done, cache, inputs):
+        prompt_mask, limits, noise, stop_token_ids, context = inputs
+        batch = ops.shape(token_ids)[0]
+        previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # (B, 1)
+        logits, cache = step(previous, index - 1, cache, context)  # (B, 1, V)
+        chosen = sample_tokens(logits[:, 0], ops.take(noise, index, axis=1), **sampling)  # (B,)
+        in_prompt = ops.take(prompt_mask, index, axis=1)  # (B,)
+        past_limit = index >= limits  # (B,)
+        chosen = ops.where(ops.logical_or(done, past_limit), pad_token_id, chosen)
+        chosen = ops.where(in_prompt, ops.take(token_ids, index, axis=1), chosen)
+        token_ids = ops.slice_update(token_ids, (0, index), chosen[:, None])
+        stopped = ops.any(chosen[:, None] == stop_token_ids[None, :], axis=-1)
+        finished = ops.logical_and(ops.logical_not(in_prompt), stopped)
+        done = ops.logical_or(ops.logical_or(done, finished), index + 1 >= limits)
+        return index + 1, token_ids, done, cache
+
+    return body
+
+
+class _TorchBody:
+    """The loop body traced once per shape with `torch.jit.trace`.
+
+    Eager Keras spends most of a decoding step in Python (layer calls, dtype
+    checks); the trace replays only the tensor operations. Traces read the
+    model's parameters, and are rebuilt when a weight tensor is replaced.
+    """
+
+    def __init__(self, body, model):
+        import torch
+
+        class Body(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model  # Registers the parameters with the trace.
+
+            def forward(self, index, token_ids, done, cache, inputs):
+                return body(index, token_ids, done, cache, inputs)
+
+        self.module = Body(model)
+        self.model = model
+        self.traced = {}
+
+    def _key(self, state, inputs):
+        import torch
+
+        shapes = tuple(tuple(t.shape) for t in torch.utils._pytree.tree_leaves((state, inputs)))
+        weights = tuple(id(v.value) for v in self.model.variables)
+        return shapes, weights
+
+    def __call__(self, *state_and_inputs):
+        import torch
+
+        key = self._key(state_and_inputs[:-1], state_and_inputs[-1])
+        if key not in self.traced:
+            with warnings.catch_warnings():
+                # Shape checks inside Keras ops become constants: right, as
+                # each trace serves one set of shapes.
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                traced = torch.jit.trace(self.module, state_and_inputs, check_trace=False)
+            self.traced = {key: traced}
+        return self.traced[key](*state_and_inputs)
+
+
+class Generator:
+    """Compiled generation for one model; `generate` keeps one per model.
+
+    Args:
+        model: a `GPT`, `T5` or `Transformer`.
+    """
+
+    def __init__(self, model):
+        from kerasformer.models.gpt import GPT
+        from kerasformer.models.seq2seq import EncoderDecoderModel
+
+        if isinstance(model, GPT):
+            self.kind = "decoder"
+        elif isinstance(model, EncoderDecoderModel):
+            self.kind = "seq2seq"
+        else:
+            raise ValueError(
+                f"`model` must be a GPT, T5 or Transformer, got {type(model).__name__}."
+            )
+        self.model = model
+        self._compiled = {}
+        self._torch_body = None
+        self.trace_count = 0  # How many times a loop was traced (compiled).
+
+    # The loop, written once in keras.ops ------------------------------------
+
+    def _step(self):
+        """`step(ids, index, cache, context)` for this kind of model."""
+        model = self.model
+        if self.kind == "decoder":
+
+            def step(ids, index, cache, context):
+                logits, _, cache = model.compute_logits(ids, cache, index)
+                return logits, cache
+
+        else:
+
+            def step(ids, index, cache, context):
+                encoder_mask, cross_cache = context
+                logits, _, cache = model.decode(ids, None, encoder_mask, cache, cross_cache, index)
+                return logits, cache
+
+        return step
+
+    def _loop(self, body, encoder_token_ids, token_ids, prompt_mask, limits, noise, start, stop_token_ids):
+        """Prefill, then `body` until every row is done."""
+        self.trace_count += 1
+        model = self.model
+        batch, length = ops.shape(token_ids)[0], token_ids.shape[1]
+        cache = model.empty_cache(batch, length)
+        if self.kind == "decoder":
+            _, _, cache = model.compute_logits(token_ids, cache, 0)  # Prefill every position.
+            context = ()
+        else:
+            encoder_outputs, encoder_mask = model.encode(encoder_token_ids)
+            context = (encoder_mask, model.cross_attention_cache(encoder_outputs))
+        inputs = (prompt_mask, limits, noise, stop_token_ids, context)
+        done = ops.zeros((batch,), "bool")
+
+        def cond(index, token_ids, done, cache):
+            return ops.logical_and(index < length, ops.logical_not(ops.all(done)))
+
+        state = (start, token_ids, done, cache)
+        if self._torch_body is not None:  # PyTorch: a Python loop over the traced body.
+            while bool(cond(*state)):
+                state = self._torch_body(*state, inputs)
+        else:
+            state = ops.while_loop(cond, lambda *state: body(*state, inputs), state)
+        return state[1]
+
+    # Compilation per backend ------------------------------------------------
+
+    def _function(self, sampling_key, sampling):
+        if sampling_key in self._compiled:
+            return self._compiled[sampling_key]
+        pad_token_id = 0 if self.kind == "decoder" else self.model.pad_token_id
+        body = _loop_body(self._step(), sampling, pad_token_id)
+
+        def run(*args):
+            return self._loop(body, *args)
+
+        backend = keras.backend.backend()
+        if backend == "jax":
+            import jax
+
+            variables = self.model.variables
+
+            @jax.jit
+            def compiled(values, *args):
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                    return run(*args)
+
+            function = lambda *args: compiled([v.value for v in variables], *args)  # noqa: E731
+        elif backend == "tensorflow":
+            import tensorflow as tf
+
+            function = tf.function(run, jit_compile=True)
+        else:
+            import torch
+
+            torch_body = _TorchBody(body, self.model)
+
+            def function(*args):
+                self._torch_body = torch_body
+                args = [torch.as_tensor(a) if isinstance(a, (np.ndarray, np.generic)) else a for a in args]
+                try:
+                    with torch.no_grad():
+                        return run(*args)
+                finally:
+                    self._torch_body = None
+
+        self._compiled[sampling_key] = function
+        return function
+
+    def __call__(
+        self,
+        inputs,
+        max_new_tokens=32,
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        stop_token_ids=(),
+        seed=None,
+        start_token_id=None,
+    ):
+        """See `generate`."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"`max_new_tokens` must be a positive int, got {max_new_tokens!r}.")
+        if temperature < 0:
+            raise ValueError(f"`temperature` must be >= 0, got {temperature}.")
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"`top_k` must be >= 0, got {top_k}.")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"`top_p` must be in (0, 1], got {top_p}.")
+        greedy = temperature == 0
+        use_top_k = not greedy and bool(top_k)
+        use_top_p = not greedy and top_p not in (None, 1.0)
+        # Values travel as tensors, so that changing them does not recompile.
+        sampling = {
+            "greedy": greedy,
+            "temperature": np.float32(temperature),
+            "top_k": np.int32(top_k) if use_top_k else None,
+            "top_p": np.float32(top_p) if use_top_p else None,
+        }
+        stop = np.asarray(list(stop_token_ids) or [-1], "int32")
+        model = self.model
+
+        if self.kind == "decoder":
+            prompts = _as_rows(inputs, "inputs")
+            lengths = np.array([len(p) for p in prompts], "int32")
+            if lengths.min() < 1:
+                raise ValueError("Each prompt in `inputs` needs at least one token.")
+            total = int(lengths.max()) + max_new_tokens
+            if model.position_type == "learned" and total > model.max_sequence_length:
+                raise ValueError(
+                    f"Prompt ({lengths.max()}) + `max_new_tokens` ({max_new_tokens}) = {total} "
+                    f"exceeds the learned positions (max_sequence_length={model.max_sequence_length})."
+                )
+            token_ids = np.zeros((len(prompts), total), "int32")
+            for row, prompt in enumerate(prompts):
+                token_ids[row, : len(prompt)] = prompt
+            check_token_ids(token_ids, model.vocab_size, "inputs")
+            start = np.int32(lengths.min())
+            encoder_ids = np.zeros((len(prompts), 1), "int32")  # Unused.
+        else:
+            encoder_ids = np.asarray(inputs)
+            if encoder_ids.ndim != 2:
+                raise ValueError(f"`inputs` must be encoder token ids (B, S), got shape {encoder_ids.shape}.")
+            check_token_ids(encoder_ids, model.source_embedding.vocab_size, "inputs")
+            encoder_ids = encoder_ids.astype("int32")
+            lengths = np.ones((encoder_ids.shape[0],), "int32")
+            total = 1 + max_new_tokens
+            token_ids = np.zeros((encoder_ids.shape[0], total), "int32")
+            token_ids[:, 0] = model.pad_token_id if start_token_id is None else start_token_id
+            start = np.int32(1)
+
+        prompt_mask = np.arange(total)[None, :] < lengths[:, None]
+        limits = (lengths + max_new_tokens).astype("int32")
+        noise = np.random.default_rng(seed).random((len(lengths), total), dtype=np.float32)
+        function = self._function((greedy, use_top_k, use_top_p), sampling)
+        result = function(encoder_ids, token_ids, prompt_mask, limits, noise, start, stop)
+        result = keras.ops.convert_to_numpy(result)
+        return np.stack([result[row, n : n + max_new_tokens] for row, n in enumerate(lengths)])
+
+
+def _as_rows(inputs, name):
+    """Token id prompts as a list of 1-D int arrays (a 2-D array or a list of lists)."""
+    if isinstance(inputs, np.ndarray) and inputs.ndim == 2:
+        return list(inputs)
+    if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple, np.ndarray)):
+        return [np.asarray(row, "int32") for row in inputs]
+    if keras.backend.is_tensor(inputs) and len(inputs.shape) == 2:
+        return list(keras.ops.convert_to_numpy(inputs))
+    raise ValueError(f"`{name}` must be a batch of token id prompts: a 2-D array or a list of lists.")
+
+
+def generate(model, inputs, max_new_tokens=32, **options):
+    """Generates `max_new_tokens` tokens per example with the KV cache.
+
+    Args:
+        model: a `GPT`, `T5` or `Transformer`.
+        inputs: for GPT, prompts: a `(B, T)` array or a list of token id lists
+            of different lengths; for T5/Transformer, encoder token ids `(B, S)`.
+        max_new_tokens: tokens to generate per example.
+        temperature: 0 (default) for greedy decoding; > 0 to sample.
+        top_k: sample among the k most likely tokens (0 or None: all).
+        top_p: sample from the smallest set with this probability mass.
+        stop_token_ids: a row ends after emitting one of these; later
+            positions hold the pad id (0).
+        seed: seeds the sampling; the same seed gives the same tokens.
+        start_token_id: first decoder token of T5/Transformer (default: the
+            pad id, as T5 does).
+
+    Returns:
+        `(B, max_new_tokens)` int32 numpy array of new tokens (without the
+        prompt), padded after a stop token.
+    """
+    generator = getattr(model, "_kerasformer_generator", None)
+    if generator is None or generator.model is not model:
+        generator = Generator(model)
+        object.__setattr__(model, "_kerasformer_generator", generator)
+    return generator(inputs, max_new_tokens=max_new_tokens, **options)
