@@ -94,7 +94,8 @@ class TokenEmbedding(keras.layers.Layer):
     def call(self, inputs, reverse=False):
         if reverse:
             table = ops.cast(self.embeddings, self.compute_dtype)
-            return ops.matmul(inputs, ops.transpose(table))  # (B, T, V)
+            # Contract with the table as stored: no transposed copy of it per call.
+            return ops.einsum("...c,vc->...v", inputs, table)  # (B, T, V)
         check_token_ids(inputs, self.vocab_size)
         outputs = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, C)
         if self.scale is not None:
