@@ -121,6 +121,7 @@ class _TorchBody:
         self.module = Body(model)
         self.model = model
         self.traced = {}
+        self.trace_count = 0
 
     def _key(self, state, inputs):
         import torch
@@ -140,6 +141,7 @@ class _TorchBody:
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
                 traced = torch.jit.trace(self.module, state_and_inputs, check_trace=False)
             self.traced = {key: traced}
+            self.trace_count += 1
         return self.traced[key](*state_and_inputs)
 
 
@@ -334,7 +336,7 @@ def _as_rows(inputs, name):
         return list(inputs)
     if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple, np.ndarray)):
         return [np.asarray(row, "int32") for row in inputs]
-    if keras.backend.is_tensor(inputs) and len(inputs.shape) == 2:
+    if keras.ops.is_tensor(inputs) and len(inputs.shape) == 2:
         return list(keras.ops.convert_to_numpy(inputs))
     raise ValueError(f"`{name}` must be a batch of token id prompts: a 2-D array or a list of lists.")
 

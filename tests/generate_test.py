@@ -1,0 +1,143 @@
+import keras
+import numpy as np
+import pytest
+
+from kerasformer.generate import Generator, filter_logits, generate, sample_tokens
+from kerasformer.models import GPT, T5, Transformer
+from tests.conftest import BACKEND, to_numpy
+
+VOCAB = 50
+
+
+def gpt(**kwargs):
+    return GPT(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, max_sequence_length=64, **kwargs)
+
+
+def seq2seq(builder):
+    model = builder(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64, tie_embeddings=False)
+    # A sharp random head, so that greedy tokens differ from step to step.
+    kernel = model.lm_head.kernel
+    kernel.assign(np.random.default_rng(0).normal(0, 3, kernel.shape).astype("float32"))
+    return model
+
+
+def greedy_by_full_passes(model, prompt, steps):
+    sequence = list(prompt)
+    for _ in range(steps):
+        logits = to_numpy(model(np.array([sequence], "int32")))
+        sequence.append(int(logits[0, -1].argmax()))
+    return sequence[len(prompt):]
+
+
+def seq2seq_greedy_by_full_passes(model, source, steps, start=0):
+    target = [start]
+    for _ in range(steps):
+        inputs = {"encoder_token_ids": np.array([source], "int32"), "decoder_token_ids": np.array([target], "int32")}
+        target.append(int(to_numpy(model(inputs))[0, -1].argmax()))
+    return target[1:]
+
+
+@pytest.mark.parametrize("options", [{}, {"position_type": "rotary", "num_key_value_heads": 1}], ids=["gpt2", "rotary_mqa"])
+def test_gpt_cached_greedy_equals_full_passes_for_ragged_prompts(options):
+    model = gpt(**options)
+    prompts = [[5, 6, 7], [8, 9], [1, 2, 3, 4, 5, 6]]
+    out = generate(model, prompts, max_new_tokens=7)
+    assert out.shape == (3, 7)
+    for prompt, row in zip(prompts, out):
+        assert list(row) == greedy_by_full_passes(model, prompt, 7)
+    # Same shapes, other prompts: the compiled loop is reused and still right.
+    other = [[11, 12, 13], [14, 15], [16, 17, 18, 19, 20, 21]]
+    out = generate(model, other, max_new_tokens=7)
+    for prompt, row in zip(other, out):
+        assert list(row) == greedy_by_full_passes(model, prompt, 7)
+
+
+@pytest.mark.parametrize("builder", [T5, Transformer])
+def test_seq2seq_cached_greedy_equals_full_passes(builder):
+    model = seq2seq(builder)
+    sources = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
+    out = generate(model, sources, max_new_tokens=6, start_token_id=1)
+    assert len(set(out.ravel().tolist())) > 1
+    for source, row in zip(sources, out):
+        assert list(row) == seq2seq_greedy_by_full_passes(model, list(source), 6, start=1)
+
+
+def test_same_shapes_do_not_recompile():
+    model = gpt()
+    generator = Generator(model)
+    prompts = np.array([[1, 2, 3], [4, 5, 6]])
+    generator(prompts, max_new_tokens=5)
+    generator(prompts + 10, max_new_tokens=5)
+    generator(prompts, max_new_tokens=5, temperature=0.0)
+    if BACKEND == "torch":  # Eager loop; only the body is traced, once per shape.
+        (function,) = generator._compiled.values()
+        torch_body = function.__closure__[[c.cell_contents.__class__.__name__ for c in function.__closure__].index("_TorchBody")].cell_contents
+        assert torch_body.trace_count == 1
+    else:
+        assert generator.trace_count == 1
+    generator(prompts, max_new_tokens=5, temperature=0.7, top_k=5, seed=1)
+    generator(prompts, max_new_tokens=5, temperature=1.3, top_k=9, seed=2)  # New values, same program.
+    if BACKEND != "torch":
+        assert generator.trace_count == 2
+
+
+def test_stop_tokens_end_a_row_and_pad_the_rest():
+    model = gpt()
+    prompts = [[5, 6, 7], [8, 9, 10]]
+    free = generate(model, prompts, max_new_tokens=8)
+    stop = int(free[0, 2])
+    out = generate(model, prompts, max_new_tokens=8, stop_token_ids=[stop])
+    first = list(free[0]).index(stop)
+    assert list(out[0, : first + 1]) == list(free[0, : first + 1])
+    assert np.all(out[0, first + 1 :] == 0)
+    if stop not in free[1]:
+        np.testing.assert_array_equal(out[1], free[1])
+
+
+def test_seeded_sampling_is_reproducible_and_varies_with_the_seed():
+    model = gpt()
+    prompts = [[1, 2, 3]] * 4
+    a = generate(model, prompts, max_new_tokens=12, temperature=1.5, seed=7)
+    b = generate(model, prompts, max_new_tokens=12, temperature=1.5, seed=7)
+    c = generate(model, prompts, max_new_tokens=12, temperature=1.5, seed=8)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert len({tuple(row) for row in a}) > 1  # Rows sample independently.
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    model = gpt()
+    prompts = [[3, 4, 5], [6, 7, 8]]
+    greedy = generate(model, prompts, max_new_tokens=6)
+    np.testing.assert_array_equal(generate(model, prompts, max_new_tokens=6, temperature=2.0, top_k=1, seed=3), greedy)
+    np.testing.assert_array_equal(generate(model, prompts, max_new_tokens=6, temperature=2.0, top_p=1e-6, seed=3), greedy)
+
+
+def test_filter_and_sample_against_numpy():
+    logits = np.log(np.array([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.4, 0.1]], "float32"))
+    top2 = to_numpy(filter_logits(keras.ops.convert_to_tensor(logits), top_k=np.int32(2)))
+    assert np.all(top2[0, [0, 2]] < -1e8) and np.allclose(top2[0, [1, 3]], logits[0, [1, 3]])
+    nucleus = to_numpy(filter_logits(keras.ops.convert_to_tensor(logits), top_p=np.float32(0.6)))
+    assert np.all((nucleus[0] > -1e8) == [False, True, False, True])  # 0.4 + 0.3 >= 0.6
+    assert np.all((nucleus[1] > -1e8) == [True, True, True, False])  # 0.4 + 0.25 (tie kept) ...
+    # Inverse-CDF sampling: noise 0.05 picks the first token, 0.95 the last.
+    probs = np.array([[0.1, 0.4, 0.2, 0.3]], "float32")
+    for noise, expected in ((0.05, 0), (0.45, 1), (0.65, 2), (0.95, 3)):
+        token = to_numpy(sample_tokens(np.log(probs), np.array([noise], "float32"), temperature=np.float32(1.0)))
+        assert int(token[0]) == expected
+
+
+def test_bad_arguments_are_named():
+    model = gpt()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, [[1, 2]], max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, [[1, 2]], temperature=-1.0)
+    with pytest.raises(ValueError, match="max_sequence_length=64"):
+        generate(model, [[1, 2]], max_new_tokens=63)
+    with pytest.raises(ValueError, match="vocab_size=50"):
+        generate(model, [[1, 50]])
+    with pytest.raises(ValueError, match="inputs"):
+        generate(model, [1, 2, 3])
+    with pytest.raises(ValueError, match="model"):
+        generate(keras.Sequential([keras.layers.Dense(2)]), [[1]])
