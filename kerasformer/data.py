@@ -1,0 +1,293 @@
+"""Data for training: KerasHub tokenizers, generated tasks, and batch pipelines.
+
+Everything here runs in numpy once the text is tokenized, so one pipeline
+(`keras.utils.PyDataset`) feeds `model.fit` on TensorFlow, JAX and PyTorch
+alike. Tokenizers come from KerasHub; nothing is downloaded.
+"""
+
+import math
+import os
+
+import keras
+import numpy as np
+
+PAD, UNK, CLS, SEP, MASK, START, END = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, START, END]  # Ids 0..6 in every word vocabulary.
+TOKENIZER_KINDS = ("char", "byte", "wordpiece", "sentencepiece")
+
+
+# Tokenizers (KerasHub) ------------------------------------------------------
+
+
+def train_tokenizer(kind, texts, vocabulary_size=None):
+    """A KerasHub tokenizer of `kind`, with its vocabulary learned from `texts`.
+
+    Args:
+        kind: "char" (Unicode code points, vocabulary = largest code point
+            seen + 1), "byte" (256 bytes), "wordpiece" or "sentencepiece"
+            (vocabularies trained by KerasHub's tools).
+        texts: a list of strings.
+        vocabulary_size: for "wordpiece" and "sentencepiece".
+    """
+    import keras_hub
+    import tensorflow as tf  # KerasHub's vocabulary tools read tf.data (a list means file names).
+
+    if kind == "char":
+        largest = max(max(map(ord, text), default=0) for text in texts)
+        return keras_hub.tokenizers.UnicodeCodepointTokenizer(
+            vocabulary_size=largest + 1, lowercase=False, normalization_form=None, dtype="int32"
+        )
+    if kind == "byte":
+        return keras_hub.tokenizers.ByteTokenizer(dtype="int32")
+    if kind == "wordpiece":
+        vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
+            tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000, reserved_tokens=SPECIAL_TOKENS, lowercase=False
+        )
+        return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=False, dtype="int32")
+    if kind == "sentencepiece":
+        proto = keras_hub.tokenizers.compute_sentence_piece_proto(
+            tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000
+        )  # KerasHub reserves id 0 for <pad>, 1 <unk>, 2 <s>, 3 </s>.
+        return keras_hub.tokenizers.SentencePieceTokenizer(proto=proto, dtype="int32")
+    raise ValueError(f"Unknown tokenizer `kind` {kind!r}; expected one of {TOKENIZER_KINDS}.")
+
+
+def word_tokenizer(words):
+    """A KerasHub WordPiece tokenizer over a known word list (special tokens first)."""
+    import keras_hub
+
+    vocabulary = SPECIAL_TOKENS + [w for w in dict.fromkeys(words) if w not in SPECIAL_TOKENS]
+    return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=False, dtype="int32")
+
+
+def encode(tokenizer, texts):
+    """Token ids of each text, as a list of int32 numpy arrays."""
+    single = isinstance(texts, str)
+    ids = tokenizer(texts if single else list(texts))
+    if single:
+        return np.asarray(keras.ops.convert_to_numpy(ids), "int32")
+    if hasattr(ids, "to_list"):  # A tf.RaggedTensor.
+        return [np.asarray(row, "int32") for row in ids.to_list()]
+    return [np.asarray(row, "int32") for row in ids]
+
+
+def decode(tokenizer, ids):
+    """Text of token ids, cut at the first padding id."""
+    ids = [int(i) for i in ids]
+    if 0 in ids:
+        ids = ids[: ids.index(0)]
+    text = tokenizer.detokenize(np.asarray(ids, "int32"))
+    text = keras.ops.convert_to_numpy(text) if not isinstance(text, (str, bytes)) else text
+    if hasattr(text, "item"):
+        text = text.item()
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+
+
+def save_tokenizer(tokenizer, folder):
+    """Writes the tokenizer (config and vocabulary assets) into `folder`."""
+    import json
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+        json.dump(keras.saving.serialize_keras_object(tokenizer), f, indent=2)
+    if hasattr(tokenizer, "save_assets"):  # Vocabulary files (WordPiece, SentencePiece).
+        assets = os.path.join(folder, "assets", "tokenizer")
+        os.makedirs(assets, exist_ok=True)
+        tokenizer.save_assets(assets)
+
+
+def load_tokenizer(folder):
+    """The tokenizer `save_tokenizer` wrote into `folder`."""
+    import json
+
+    import keras_hub  # noqa: F401 - registers the tokenizer classes.
+
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"{folder!r} holds no tokenizer (no tokenizer.json).")
+    with open(path) as f:
+        tokenizer = keras.saving.deserialize_keras_object(json.load(f))
+    assets = os.path.join(folder, "assets", "tokenizer")
+    if os.path.isdir(assets):
+        tokenizer.load_assets(assets)
+    return tokenizer
+
+
+def read_text(path):
+    if not os.path.isfile(path):
+        raise ValueError(f"`data` {path!r} is not a file.")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+# Generated tasks (offline, with a measurable score) ------------------------
+
+_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_to_words(n):
+    """English words of 0 <= n < 1,000,000: 342 -> "three hundred forty two"."""
+    if not 0 <= n < 1_000_000:
+        raise ValueError(f"`n` must be in [0, 1000000), got {n}.")
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
+    if n < 1000:
+        rest = n % 100
+        return _ONES[n // 100] + " hundred" + ("" if rest == 0 else " " + number_to_words(rest))
+    rest = n % 1000
+    return number_to_words(n // 1000) + " thousand" + ("" if rest == 0 else " " + number_to_words(rest))
+
+
+NUMBER_WORDS = list("0123456789") + _ONES + [t for t in _TENS if t != "_"] + ["hundred", "thousand"]
+
+
+def numbers_to_words_dataset(count, max_number=9999, seed=0):
+    """`(sources, targets)`: digit strings ("3 4 2", space-separated) and their words."""
+    rng = np.random.default_rng(seed)
+    numbers = rng.integers(0, max_number + 1, count)
+    return [" ".join(str(n)) for n in numbers], [number_to_words(int(n)) for n in numbers]
+
+
+# A tiny English-like language: subject-verb agreement, adjectives, objects.
+_GRAMMAR = {
+    "det": ["the", "a", "every", "some"],
+    "adj": ["small", "big", "red", "old", "quick", "quiet"],
+    "noun": ["cat", "dog", "bird", "child", "robot", "farmer"],
+    "nouns": ["cats", "dogs", "birds", "children", "robots", "farmers"],
+    "verb": ["sees", "likes", "chases", "finds", "helps"],
+    "verbs": ["see", "like", "chase", "find", "help"],
+    "place": ["in the garden", "near the river", "at home", "on the hill"],
+}
+LANGUAGE_WORDS = sorted({w for words in _GRAMMAR.values() for p in words for w in p.split()} | {"."})
+
+
+def generated_language(count, seed=0):
+    """`count` sentences of a small grammar ("the old cat sees some birds near the river .")."""
+    rng = np.random.default_rng(seed)
+    pick = lambda key: _GRAMMAR[key][rng.integers(len(_GRAMMAR[key]))]  # noqa: E731
+    sentences = []
+    for _ in range(count):
+        plural = rng.random() < 0.5
+        subject = ("the" if plural else pick("det")) + " "
+        if rng.random() < 0.5:
+            subject += pick("adj") + " "
+        subject += pick("nouns" if plural else "noun")
+        verb = pick("verbs" if plural else "verb")
+        obj = pick("det") + " " + pick("noun")
+        tail = " " + pick("place") if rng.random() < 0.4 else ""
+        sentences.append(f"{subject} {verb} {obj}{tail} .")
+    return sentences
+
+
+# Batching -------------------------------------------------------------------
+
+
+def pack(documents, length, separator_id=None):
+    """Packs token id documents into `(N, length)` rows with no padding.
+
+    Documents are concatenated (with `separator_id` between them, if given)
+    and cut into rows; the remainder shorter than a row is dropped.
+    """
+    pieces = []
+    for document in documents:
+        pieces.append(np.asarray(document, "int32"))
+        if separator_id is not None:
+            pieces.append(np.array([separator_id], "int32"))
+    stream = np.concatenate(pieces) if pieces else np.zeros((0,), "int32")
+    rows = len(stream) // length
+    return stream[: rows * length].reshape(rows, length)
+
+
+def pad_batch(sequences, length=None, pad_id=0):
+    """Right-pads token id sequences into an `(N, length)` int32 array."""
+    length = length or max(len(s) for s in sequences)
+    batch = np.full((len(sequences), length), pad_id, "int32")
+    for row, sequence in enumerate(sequences):
+        sequence = np.asarray(sequence)[:length]
+        batch[row, : len(sequence)] = sequence
+    return batch
+
+
+def mask_tokens(token_ids, mask_token_id, vocab_size, rate=0.15, special_ids=(0,), seed=None):
+    """BERT's masking: `rate` of the real tokens are chosen; of those 80% become
+    `[MASK]`, 10% a random token and 10% stay.
+
+    Returns:
+        `(inputs, labels, weights)`: masked ids, the original ids, and 1.0 at
+        the chosen positions (use as `sample_weight`).
+    """
+    rng = np.random.default_rng(seed)
+    token_ids = np.asarray(token_ids)
+    candidates = ~np.isin(token_ids, np.asarray(special_ids))
+    chosen = candidates & (rng.random(token_ids.shape) < rate)
+    action = rng.random(token_ids.shape)
+    inputs = token_ids.copy()
+    inputs[chosen & (action < 0.8)] = mask_token_id
+    random_positions = chosen & (action >= 0.8) & (action < 0.9)
+    inputs[random_positions] = rng.integers(len(special_ids), vocab_size, random_positions.sum())
+    return inputs.astype("int32"), token_ids.astype("int32"), chosen.astype("float32")
+
+
+def seq2seq_arrays(sources, targets, start_id, end_id, source_length=None, target_length=None):
+    """Teacher forcing: `({"encoder_token_ids", "decoder_token_ids"}, labels, weights)`.
+
+    The decoder reads `[start] + target` and predicts `target + [end]`;
+    weights are 1 on real label positions.
+    """
+    encoder = pad_batch(sources, source_length)
+    labels = pad_batch([np.append(t, end_id) for t in targets], target_length)
+    decoder = pad_batch([np.insert(np.asarray(t), 0, start_id) for t in targets], labels.shape[1])
+    weights = (labels != 0).astype("float32")
+    return {"encoder_token_ids": encoder, "decoder_token_ids": decoder}, labels, weights
+
+
+class LanguageModelBatches(keras.utils.PyDataset):
+    """Random windows of a token stream (nanoGPT's `get_batch`), for `fit`.
+
+    Each item is `(x, y)` with `x = stream[i : i + T]`, `y = stream[i+1 : i+T+1]`
+    for `batch_size` random offsets; the draw is seeded per epoch and index,
+    so a resumed run sees the same batches.
+
+    Args:
+        stream: 1-D token ids.
+        sequence_length: T.
+        batch_size: rows per batch.
+        steps: batches per epoch.
+        seed: seed of the offsets.
+    """
+
+    def __init__(self, stream, sequence_length, batch_size, steps, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.stream = np.asarray(stream, "int32")
+        if len(self.stream) <= sequence_length + 1:
+            raise ValueError(
+                f"The token stream ({len(self.stream)} tokens) is shorter than "
+                f"`sequence_length` + 1 ({sequence_length + 1})."
+            )
+        self.sequence_length = sequence_length
+        self.batch_size = batch_size
+        self.steps = steps
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self):
+        return self.steps
+
+    def on_epoch_end(self):
+        self.epoch += 1
+
+    def __getitem__(self, index):
+        rng = np.random.default_rng((self.seed, self.epoch, index))
+        offsets = rng.integers(0, len(self.stream) - self.sequence_length - 1, self.batch_size)
+        window = offsets[:, None] + np.arange(self.sequence_length + 1)[None, :]
+        tokens = self.stream[window]  # (B, T + 1)
+        return tokens[:, :-1], tokens[:, 1:]
+
+
+def split(items, validation_fraction=0.1):
+    """First `1 - fraction` for training, the rest for validation (nanoGPT's 90/10)."""
+    cut = int(math.floor(len(items) * (1 - validation_fraction)))
+    return items[:cut], items[cut:]
