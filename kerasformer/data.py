@@ -287,6 +287,49 @@ class LanguageModelBatches(keras.utils.PyDataset):
         return tokens[:, :-1], tokens[:, 1:]
 
 
+class ArrayBatches(keras.utils.PyDataset):
+    """Shuffled batches of in-memory examples, `steps` per epoch, for `fit`.
+
+    Args:
+        inputs: an array, or a dict of arrays, with examples on axis 0.
+        labels: `(N, ...)` targets.
+        weights: optional `(N, ...)` sample weights.
+        batch_size: rows per batch.
+        steps: batches per epoch (the data is cycled through, reshuffled
+            after each full pass).
+        transform: optional `f(inputs, labels, weights, seed) -> (inputs, labels, weights)`
+            applied to each batch (e.g. fresh MLM masking).
+        seed: seed of the shuffles and of `transform`.
+    """
+
+    def __init__(self, inputs, labels, weights=None, batch_size=32, steps=None, transform=None, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.inputs, self.labels, self.weights = inputs, labels, weights
+        self.count = len(labels)
+        self.batch_size = min(batch_size, self.count)
+        self.batches_per_pass = self.count // self.batch_size
+        self.steps = steps or self.batches_per_pass
+        self.transform, self.seed, self.epoch = transform, seed, 0
+
+    def __len__(self):
+        return self.steps
+
+    def on_epoch_end(self):
+        self.epoch += 1
+
+    def __getitem__(self, index):
+        position = self.epoch * self.steps + index
+        shuffle = np.random.default_rng((self.seed, position // self.batches_per_pass)).permutation(self.count)
+        start = (position % self.batches_per_pass) * self.batch_size
+        rows = shuffle[start : start + self.batch_size]
+        take = lambda a: None if a is None else a[rows]  # noqa: E731
+        inputs = {k: v[rows] for k, v in self.inputs.items()} if isinstance(self.inputs, dict) else self.inputs[rows]
+        batch = (inputs, take(self.labels), take(self.weights))
+        if self.transform is not None:
+            batch = self.transform(*batch, seed=(self.seed, position))
+        return batch if batch[2] is not None else batch[:2]
+
+
 def split(items, validation_fraction=0.1):
     """First `1 - fraction` for training, the rest for validation (nanoGPT's 90/10)."""
     cut = int(math.floor(len(items) * (1 - validation_fraction)))

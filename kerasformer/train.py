@@ -1,0 +1,300 @@
+"""Training runs: data -> model -> `fit` with warm-up + cosine AdamW -> evaluation.
+
+A run lives in one folder: `model.keras` (final), `checkpoint.keras` (every
+`checkpoint_every` steps), `backup/` (`BackupAndRestore`: a killed run started
+again with the same folder resumes), `tokenizer/`, `log.csv`, `loss.png` and
+`run.json` (settings and the final evaluation).
+"""
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+import keras
+import numpy as np
+
+from kerasformer import data
+
+TASKS = ("gpt", "bert", "t5", "transformer")
+DEFAULT_PRESETS = {"gpt": "gpt2-tiny", "bert": "bert-tiny", "t5": "t5-tiny", "transformer": "transformer-tiny"}
+
+
+@dataclass
+class TrainConfig:
+    """Settings of a run; each field says what it changes."""
+
+    task: str = "gpt"  # gpt (causal LM), bert (masked LM), t5 / transformer (seq2seq).
+    preset: str = None  # Architecture; defaults to the task's *-tiny preset.
+    data: str = None  # Text file (one example per line for bert/seq2seq: "source<TAB>target"); None = generated.
+    tokenizer: str = None  # char, byte, wordpiece, sentencepiece; default char for files, words for generated.
+    vocabulary_size: int = 2000  # For trained wordpiece / sentencepiece vocabularies.
+    run_dir: str = "runs/latest"
+    steps: int = 500
+    batch_size: int = 16
+    sequence_length: int = 64  # Context of LM windows and longest BERT / seq2seq example.
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 1e-4  # Cosine decays to this.
+    warmup_steps: int = 100
+    weight_decay: float = 0.1  # On matrices only (not biases, norms).
+    beta_1: float = 0.9
+    beta_2: float = 0.99
+    clipnorm: float = 1.0  # Global gradient norm clipping.
+    dropout: float = None  # Overrides the preset's.
+    checkpoint_every: int = 100  # Steps between checkpoints, backups and validation.
+    validation_steps: int = 20
+    precision: str = "fp32"  # fp32, or bf16 (mixed_bfloat16).
+    jit_compile: str = "auto"  # "auto", or "true" / "false".
+    seed: int = 0
+    overrides: dict = field(default_factory=dict)  # Extra preset arguments.
+
+
+def make_optimizer(model, config):
+    """AdamW with linear warm-up then cosine decay; no decay on vectors."""
+    decay_steps = max(config.steps - config.warmup_steps, 1)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=decay_steps,
+        alpha=config.min_learning_rate / config.learning_rate,
+        warmup_target=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+    )
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=schedule,
+        weight_decay=config.weight_decay,
+        beta_1=config.beta_1,
+        beta_2=config.beta_2,
+        global_clipnorm=config.clipnorm or None,
+    )
+    optimizer.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
+    return optimizer
+
+
+# Tasks: tokenizer, model, batches and a final score ------------------------
+
+
+def _texts(config, generated):
+    return data.read_text(config.data) if config.data else generated
+
+
+def _gpt_task(config, build):
+    text = _texts(config, " ".join(data.generated_language(20000, seed=config.seed)))
+    kind = config.tokenizer or "char"
+    tokenizer = data.train_tokenizer(kind, [text] if kind == "char" else text.splitlines() or [text], config.vocabulary_size)
+    stream = data.encode(tokenizer, text)
+    train_stream, validation_stream = data.split(stream)
+    vocab_size = int(tokenizer.vocabulary_size())
+    model = build(vocab_size=vocab_size, max_sequence_length=max(config.sequence_length, 128))
+    train = data.LanguageModelBatches(train_stream, config.sequence_length, config.batch_size, config.checkpoint_every, seed=config.seed)
+    validation = data.LanguageModelBatches(validation_stream, config.sequence_length, config.batch_size, config.validation_steps, seed=config.seed + 1)
+
+    def evaluate(model):
+        loss = model.evaluate(validation, verbose=0, return_dict=True)["loss"]
+        return {"val_loss": round(loss, 4), "perplexity": round(math.exp(loss), 3)}
+
+    return tokenizer, model, train, validation, evaluate
+
+
+def _bert_task(config, build):
+    from kerasformer.models import BERTMaskedLM
+
+    sentences = _texts(config, None)
+    sentences = sentences.splitlines() if sentences else data.generated_language(20000, seed=config.seed)
+    sentences = [s for s in sentences if s.strip()]
+    if config.tokenizer:
+        tokenizer = data.train_tokenizer(config.tokenizer, sentences, config.vocabulary_size)
+    else:
+        tokenizer = data.word_tokenizer(data.LANGUAGE_WORDS)
+    cls_id, sep_id, mask_id = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
+    rows = [np.concatenate([[cls_id], ids[: config.sequence_length - 2], [sep_id]]) for ids in data.encode(tokenizer, sentences)]
+    token_ids = data.pad_batch(rows, config.sequence_length)
+    train_ids, validation_ids = data.split(token_ids)
+    validation_ids = validation_ids[: config.batch_size * config.validation_steps]
+    vocab_size = int(tokenizer.vocabulary_size())
+    model = BERTMaskedLM(build(vocab_size=vocab_size, max_sequence_length=config.sequence_length))
+    special = list(range(len(data.SPECIAL_TOKENS)))
+
+    def mask(token_ids, labels, weights, seed):  # Fresh masks for every batch.
+        inputs, labels, weights = data.mask_tokens(token_ids, mask_id, vocab_size, special_ids=special, seed=seed)
+        return {"token_ids": inputs, "segment_ids": np.zeros_like(inputs)}, labels, weights
+
+    train = data.ArrayBatches(train_ids, train_ids, None, config.batch_size, config.checkpoint_every, mask, config.seed)
+    validation = data.ArrayBatches(validation_ids, validation_ids, None, config.batch_size, None, mask, config.seed + 1)
+
+    def evaluate(model):
+        results = model.evaluate(validation, verbose=0, return_dict=True)
+        return {"val_loss": round(results["loss"], 4), "masked_token_accuracy": round(results["accuracy"], 4)}
+
+    return tokenizer, model, train, validation, evaluate
+
+
+def _seq2seq_task(config, build):
+    from kerasformer.generate import generate
+
+    if config.data:
+        pairs = [line.split("\t") for line in data.read_text(config.data).splitlines() if "\t" in line]
+        sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
+        tokenizer = data.train_tokenizer(config.tokenizer or "wordpiece", sources + targets, config.vocabulary_size)
+    else:
+        sources, targets = data.numbers_to_words_dataset(20000, seed=config.seed)
+        tokenizer = data.word_tokenizer(data.NUMBER_WORDS)
+    start_id, end_id = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
+    source_ids = [ids[: config.sequence_length] for ids in data.encode(tokenizer, sources)]
+    target_ids = [ids[: config.sequence_length - 1] for ids in data.encode(tokenizer, targets)]
+    inputs, labels, weights = data.seq2seq_arrays(source_ids, target_ids, start_id, end_id)
+    held_out = min(1000, len(labels) // 10)
+    part = lambda a, s: {k: v[s] for k, v in a.items()} if isinstance(a, dict) else a[s]  # noqa: E731
+    train_rows, validation_rows = slice(0, -held_out), slice(-held_out, None)
+    model = build(vocab_size=int(tokenizer.vocabulary_size()))
+    train = data.ArrayBatches(*(part(a, train_rows) for a in (inputs, labels, weights)), config.batch_size, config.checkpoint_every, seed=config.seed)
+    validation = data.ArrayBatches(*(part(a, validation_rows) for a in (inputs, labels, weights)), config.batch_size)
+
+    def evaluate(model):
+        results = model.evaluate(validation, verbose=0, return_dict=True)
+        sources = part(inputs, validation_rows)["encoder_token_ids"][:200]
+        references = labels[validation_rows][:200]
+        predicted = generate(model, sources, max_new_tokens=labels.shape[1], stop_token_ids=[end_id], start_token_id=start_id)
+        exact = [_until(p, end_id) == _until(r, end_id) for p, r in zip(predicted, references)]
+        return {
+            "val_loss": round(results["loss"], 4),
+            "token_accuracy": round(results["accuracy"], 4),
+            "exact_match": round(float(np.mean(exact)), 4),
+        }
+
+    return tokenizer, model, train, validation, evaluate
+
+
+def _until(ids, end_id):
+    """The tokens before `end_id` (or padding)."""
+    out = []
+    for token in ids:
+        if token in (end_id, 0):
+            break
+        out.append(int(token))
+    return out
+
+
+def build_task(config):
+    from kerasformer.models import from_preset
+
+    if config.task not in TASKS:
+        raise ValueError(f"Unknown task {config.task!r}; expected one of {TASKS}.")
+    preset = config.preset or DEFAULT_PRESETS[config.task]
+    overrides = dict(config.overrides)
+    if config.dropout is not None:
+        overrides["dropout"] = config.dropout
+
+    def build(**arguments):
+        if config.task in ("t5", "transformer"):
+            arguments.pop("max_sequence_length", None)
+        return from_preset(preset, **{**arguments, **overrides})
+
+    task = {"gpt": _gpt_task, "bert": _bert_task, "t5": _seq2seq_task, "transformer": _seq2seq_task}[config.task]
+    return task(config, build)
+
+
+# The run --------------------------------------------------------------------
+
+
+class _LossPlot(keras.callbacks.Callback):
+    """Redraws `loss.png` from the CSV log after every epoch."""
+
+    def __init__(self, csv_path, png_path):
+        super().__init__()
+        self.csv_path, self.png_path = csv_path, png_path
+
+    def on_epoch_end(self, epoch, logs=None):
+        plot_losses(self.csv_path, self.png_path)
+
+
+def plot_losses(csv_path, png_path):
+    """Training and validation loss against steps, from a Keras CSV log."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # The plot is optional; the CSV log is always written.
+        return False
+    import csv
+
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return False
+    epochs = [int(r["epoch"]) + 1 for r in rows]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for key in ("loss", "val_loss"):
+        if key in rows[0]:
+            axis.plot(epochs, [float(r[key]) for r in rows], marker="o", label=key)
+    axis.set_xlabel("checkpoint interval")
+    axis.set_ylabel("loss")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def train(config):
+    """Runs (or resumes) the training run of `config`; returns its evaluation dict."""
+    if config.precision not in ("fp32", "bf16"):
+        raise ValueError(f"`precision` must be 'fp32' or 'bf16', got {config.precision!r}.")
+    if config.steps % config.checkpoint_every:
+        raise ValueError(
+            f"`steps` ({config.steps}) must be a multiple of `checkpoint_every` ({config.checkpoint_every})."
+        )
+    keras.utils.set_random_seed(config.seed)
+    if config.precision == "bf16":
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    os.makedirs(config.run_dir, exist_ok=True)
+    tokenizer, model, train_data, validation_data, evaluate = build_task(config)
+    data.save_tokenizer(tokenizer, os.path.join(config.run_dir, "tokenizer"))
+    weighted = config.task != "gpt"
+    model.compile(
+        optimizer=make_optimizer(model, config),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["accuracy"] if weighted else None,
+        jit_compile={"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()],
+    )
+    csv_path = os.path.join(config.run_dir, "log.csv")
+    callbacks = [
+        keras.callbacks.BackupAndRestore(os.path.join(config.run_dir, "backup"), delete_checkpoint=False),
+        keras.callbacks.ModelCheckpoint(os.path.join(config.run_dir, "checkpoint.keras")),
+        keras.callbacks.CSVLogger(csv_path, append=True),
+        _LossPlot(csv_path, os.path.join(config.run_dir, "loss.png")),
+    ]
+    # One epoch is `checkpoint_every` steps: a checkpoint, a backup, a validation.
+    model.fit(
+        train_data,
+        validation_data=validation_data,
+        epochs=config.steps // config.checkpoint_every,
+        callbacks=callbacks,
+        verbose=2 if os.environ.get("CI") else 1,
+    )
+    model.save(os.path.join(config.run_dir, "model.keras"))
+    results = evaluate(model)
+    with open(os.path.join(config.run_dir, "run.json"), "w") as f:
+        json.dump({"config": asdict(config), "evaluation": results}, f, indent=2)
+    print("evaluation: " + ", ".join(f"{k}={v}" for k, v in results.items()), flush=True)
+    return results
+
+
+def load_run(run_dir):
+    """`(model, tokenizer, run_info)` of a finished (or checkpointed) run."""
+    import kerasformer.models  # noqa: F401 - registers the model classes.
+
+    for name in ("model.keras", "checkpoint.keras"):
+        path = os.path.join(run_dir, name)
+        if os.path.isfile(path):
+            break
+    else:
+        raise ValueError(f"{run_dir!r} holds no model.keras or checkpoint.keras.")
+    model = keras.saving.load_model(path)
+    tokenizer = data.load_tokenizer(os.path.join(run_dir, "tokenizer"))
+    info = {}
+    if os.path.isfile(os.path.join(run_dir, "run.json")):
+        with open(os.path.join(run_dir, "run.json")) as f:
+            info = json.load(f)
+    return model, tokenizer, info
