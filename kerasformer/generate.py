@@ -193,7 +193,7 @@ class Generator:
         """Prefill, then `body` until every row is done."""
         self.trace_count += 1
         model = self.model
-        batch, length = ops.shape(token_ids)[0], token_ids.shape[1]
+        batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]  # Dynamic when exported.
         cache = model.empty_cache(batch, length)
         if self.kind == "decoder":
             _, _, cache = model.compute_logits(token_ids, cache, 0)  # Prefill every position.

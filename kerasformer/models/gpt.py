@@ -125,12 +125,13 @@ class GPT(TransformerModel):
             setattr(self, name, value)
         self._set_config(config)
 
-    def compute_logits(self, token_ids, cache=None, cache_update_index=None):
+    def compute_logits(self, token_ids, cache=None, cache_update_index=None, padding_mask=None):
         """Logits for `token_ids` `(B, T)`; with a cache, placed at `cache_update_index`.
 
         `cache` is a tuple of `(B, 2, max_length, K, D)` tensors, one per block
         (see `empty_cache`); the keys and values of these tokens are written
-        into it. Returns `(logits (B, T, V), hidden (B, T, C), cache or None)`.
+        into it. `padding_mask` `(B, T)` (without a cache) hides padded keys,
+        e.g. left padding. Returns `(logits (B, T, V), hidden (B, T, C), cache or None)`.
         """
         start = 0 if cache_update_index is None else cache_update_index
         x = self.token_embedding(token_ids)  # (B, T, C)
@@ -140,7 +141,7 @@ class GPT(TransformerModel):
         caches = []
         for i, block in enumerate(self.blocks):
             if cache is None:
-                x = block(x)  # (B, T, C)
+                x = block(x, padding_mask=padding_mask)  # (B, T, C)
             else:
                 x, layer_cache = block(
                     x, self_attention_cache=cache[i], cache_update_index=cache_update_index

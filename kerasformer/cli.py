@@ -1,0 +1,107 @@
+"""`kerasformer train | generate | export | serve`.
+
+    kerasformer train gpt --preset gpt2-tiny --data input.txt --steps 2000 --run-dir runs/shakespeare
+    kerasformer generate runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8
+    kerasformer export runs/shakespeare saved_models/shakespeare
+    kerasformer serve saved_models/shakespeare --port 8501
+"""
+
+import argparse
+import sys
+from dataclasses import fields
+
+
+def _train_parser(subparsers):
+    from kerasformer.train import TASKS, TrainConfig
+
+    parser = subparsers.add_parser("train", help="train a model (resumes a killed run in the same --run-dir)")
+    parser.add_argument("task", choices=TASKS)
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        if f.name in ("task", "overrides"):
+            continue
+        default = getattr(defaults, f.name)
+        kind = type(default) if default is not None else (float if f.name == "dropout" else str)
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=default)
+
+
+def _generate_parser(subparsers):
+    parser = subparsers.add_parser("generate", help="generate text with a trained run")
+    parser.add_argument("run_dir")
+    parser.add_argument("--prompt", required=True, help="text to continue (GPT) or to transform (T5, Transformer)")
+    parser.add_argument("--max-new-tokens", type=int, default=100)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def _export_parser(subparsers):
+    parser = subparsers.add_parser("export", help="write a TensorFlow SavedModel of a trained run")
+    parser.add_argument("run_dir")
+    parser.add_argument("target", help="e.g. saved_models/NAME")
+
+
+def _serve_parser(subparsers):
+    parser = subparsers.add_parser("serve", help="serve a SavedModel over TF Serving's REST API")
+    parser.add_argument("saved_model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--name", default=None, help="model name in URLs (default: the folder name)")
+    parser.add_argument("--workers", type=int, default=4)
+
+
+def generate_text(run_dir, prompt, max_new_tokens=100, **options):
+    """Text from a trained run: GPT continues `prompt`; T5/Transformer transform it."""
+    import numpy as np
+
+    from kerasformer import data
+    from kerasformer.generate import generate
+    from kerasformer.models import GPT
+    from kerasformer.train import load_run
+
+    model, tokenizer, _ = load_run(run_dir)
+    ids = data.encode(tokenizer, prompt)
+    if isinstance(model, GPT):
+        new = generate(model, [ids], max_new_tokens=max_new_tokens, **options)[0]
+        return prompt + data.decode(tokenizer, new)
+    start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
+    new = generate(model, np.asarray([ids]), max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)[0]
+    new = [int(t) for t in new if t not in (0, end)]
+    return data.decode(tokenizer, new)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="kerasformer", description=__doc__.split("\n")[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _train_parser(subparsers)
+    _generate_parser(subparsers)
+    _export_parser(subparsers)
+    _serve_parser(subparsers)
+    args = parser.parse_args(argv)
+
+    if args.command == "train":
+        from kerasformer.train import TrainConfig, train
+
+        config = TrainConfig(**{k: v for k, v in vars(args).items() if k != "command"})
+        train(config)
+    elif args.command == "generate":
+        print(
+            generate_text(
+                args.run_dir, args.prompt, args.max_new_tokens,
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            )
+        )
+    elif args.command == "export":
+        from kerasformer.export import export_run
+
+        print(export_run(args.run_dir, args.target))
+    elif args.command == "serve":
+        from kerasformer.serve import serve
+
+        serve(args.saved_model, host=args.host, port=args.port, name=args.name, workers=args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""TensorFlow SavedModel export, from whichever backend trained the model.
+
+    kerasformer.export(model, "saved_models/gpt", tokenizer=tokenizer)
+
+Weights do not depend on the backend, so the model is saved as a `.keras`
+file and rebuilt under the TensorFlow backend (in a subprocess when the
+current backend is another), where the signatures are traced:
+
+- `serving_default`: token ids (+ padding mask, segment ids, decoder ids)
+  -> logits, for every model;
+- `generate` (GPT, T5, Transformer): prompt ids + padding mask, max new
+  tokens, temperature, top-k, seed -> generated ids, the KV-cached loop
+  running inside the graph;
+- `fill_mask`, `embed` (BERT masked LM), `classify`, `embed` (BERT
+  classifier);
+- with a KerasHub tokenizer: `generate_text` (GPT, T5, Transformer) and
+  `fill_mask_text` / `classify_text` (BERT), strings in and out, the
+  tokenizer inside the graph.
+
+The SavedModel is written to a temporary folder beside the target and moved
+into place at the end, so a failed export never leaves a half-written folder.
+Batch and sequence dimensions are dynamic.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import keras
+
+
+def export(model, path, tokenizer=None):
+    """Writes `model` (and its tokenizer) as a TensorFlow SavedModel at `path`."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as staging:
+        keras_path = os.path.join(staging, "model.keras")
+        model.save(keras_path)
+        tokenizer_dir = None
+        if tokenizer is not None:
+            from kerasformer.data import save_tokenizer
+
+            tokenizer_dir = os.path.join(staging, "tokenizer")
+            save_tokenizer(tokenizer, tokenizer_dir)
+        output = os.path.join(staging, "saved_model")
+        if keras.backend.backend() == "tensorflow":
+            _export_with_tensorflow(keras_path, tokenizer_dir, output)
+        else:
+            env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+            command = [sys.executable, "-m", "kerasformer.export", keras_path, output]
+            if tokenizer_dir:
+                command.append(tokenizer_dir)
+            result = subprocess.run(command, env=env, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"Export under the TensorFlow backend failed:\n{result.stderr[-4000:]}")
+        _move_into_place(output, path)
+    return path
+
+
+def export_run(run_dir, path):
+    """Exports a training run folder (its model and tokenizer)."""
+    from kerasformer.train import load_run
+
+    model, tokenizer, _ = load_run(run_dir)
+    return export(model, path, tokenizer)
+
+
+def _move_into_place(source, target):
+    """Replaces `target` by `source` with renames only (no partial copies)."""
+    old = None
+    if os.path.exists(target):
+        old = f"{target}.old-{os.getpid()}"
+        os.rename(target, old)
+    os.rename(source, target)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# Under the TensorFlow backend ----------------------------------------------
+
+
+def _export_with_tensorflow(keras_path, tokenizer_dir, output):
+    import tensorflow as tf
+
+    import kerasformer.models  # noqa: F401 - registers the classes for loading.
+
+    model = keras.saving.load_model(keras_path)
+    tokenizer = None
+    if tokenizer_dir:
+        from kerasformer.data import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir)
+    module = tf.Module()
+    module.variables_ = [v.value for v in model.variables]  # Tracked for saving.
+    if tokenizer is not None:
+        module.tokenizer = tokenizer
+    signatures = build_signatures(model, tokenizer)
+    for name, function in signatures.items():
+        setattr(module, name, function)
+    tf.saved_model.save(module, output, signatures=signatures)
+    with open(os.path.join(output, "kerasformer.json"), "w") as f:
+        json.dump({"model": type(model).__name__, "config": model.get_config(), "signatures": sorted(signatures)}, f, indent=2, default=str)
+
+
+def build_signatures(model, tokenizer=None):
+    """`{name: tf.function}` of the signatures of `model`."""
+    import tensorflow as tf
+
+    from kerasformer.models import BERT, GPT, BERTClassifier, BERTMaskedLM
+    from kerasformer.models.seq2seq import EncoderDecoderModel
+
+    ids = lambda name: tf.TensorSpec([None, None], tf.int32, name=name)  # noqa: E731
+    scalar = lambda dtype, name: tf.TensorSpec([], dtype, name=name)  # noqa: E731
+    signatures = {}
+
+    if isinstance(model, GPT):
+
+        @tf.function(input_signature=[ids("token_ids"), ids("padding_mask")])
+        def serving_default(token_ids, padding_mask):
+            logits, _, _ = model.compute_logits(token_ids, padding_mask=tf.cast(padding_mask, tf.bool))
+            return {"logits": logits}
+
+        @tf.function(input_signature=[ids("token_ids"), ids("padding_mask"), scalar(tf.int32, "max_new_tokens"),
+                                      scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"), scalar(tf.int32, "seed")])
+        def generate(token_ids, padding_mask, max_new_tokens, temperature, top_k, seed):
+            return {"generated_ids": _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperature, top_k, seed)}
+
+        signatures.update(serving_default=serving_default, generate=generate)
+
+    elif isinstance(model, EncoderDecoderModel):
+        pad = model.pad_token_id
+
+        @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), ids("decoder_token_ids")])
+        def serving_default(encoder_token_ids, encoder_padding_mask, decoder_token_ids):
+            encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
+            logits = model({"encoder_token_ids": encoder_token_ids, "decoder_token_ids": decoder_token_ids})
+            return {"logits": logits}
+
+        @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), scalar(tf.int32, "max_new_tokens"),
+                                      scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"), scalar(tf.int32, "seed"),
+                                      scalar(tf.int32, "start_token_id")])
+        def generate(encoder_token_ids, encoder_padding_mask, max_new_tokens, temperature, top_k, seed, start_token_id):
+            encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
+            generated = _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, temperature, top_k, seed, start_token_id)
+            return {"generated_ids": generated}
+
+        signatures.update(serving_default=serving_default, generate=generate)
+
+    elif isinstance(model, (BERT, BERTMaskedLM, BERTClassifier)):
+        backbone = getattr(model, "backbone", model)
+        pad = backbone.pad_token_id
+
+        def inputs(token_ids, padding_mask, segment_ids):
+            return {"token_ids": tf.where(padding_mask > 0, token_ids, pad), "segment_ids": segment_ids}
+
+        bert_spec = [ids("token_ids"), ids("padding_mask"), ids("segment_ids")]
+
+        @tf.function(input_signature=bert_spec)
+        def embed(token_ids, padding_mask, segment_ids):
+            outputs = backbone(inputs(token_ids, padding_mask, segment_ids))
+            return {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
+
+        signatures["embed"] = embed
+        if isinstance(model, BERT):
+            signatures["serving_default"] = embed
+        else:
+
+            @tf.function(input_signature=bert_spec)
+            def serving_default(token_ids, padding_mask, segment_ids):
+                return {"logits": model(inputs(token_ids, padding_mask, segment_ids))}
+
+            signatures["serving_default"] = serving_default
+        if isinstance(model, BERTMaskedLM):
+
+            @tf.function(input_signature=bert_spec)
+            def fill_mask(token_ids, padding_mask, segment_ids):
+                probabilities = tf.nn.softmax(model(inputs(token_ids, padding_mask, segment_ids)), axis=-1)
+                return {
+                    "predicted_ids": tf.argmax(probabilities, axis=-1, output_type=tf.int32),
+                    "probabilities": tf.reduce_max(probabilities, axis=-1),
+                }
+
+            signatures["fill_mask"] = fill_mask
+        if isinstance(model, BERTClassifier):
+
+            @tf.function(input_signature=bert_spec)
+            def classify(token_ids, padding_mask, segment_ids):
+                probabilities = tf.nn.softmax(model(inputs(token_ids, padding_mask, segment_ids)), axis=-1)
+                return {"probabilities": probabilities, "class_ids": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
+
+            signatures["classify"] = classify
+    else:
+        raise ValueError(f"Cannot export a {type(model).__name__}; expected a kerasformer model.")
+
+    if tokenizer is not None:
+        signatures.update(_text_signatures(model, tokenizer, signatures))
+    return signatures
+
+
+def _noise(batch, length, seed):
+    import tensorflow as tf
+
+    return tf.random.stateless_uniform(tf.stack([batch, length]), seed=tf.stack([seed, 0]), dtype=tf.float32)
+
+
+def _sampling(temperature, top_k):
+    """Graph-side sampling options: greedy at temperature 0, top-k when > 0."""
+    return {"temperature": temperature, "top_k": top_k, "top_p": None, "greedy": False}
+
+
+def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperature, top_k, seed):
+    import tensorflow as tf
+
+    from kerasformer.generate import Generator, _loop_body
+
+    generator = Generator(model)
+    lengths = tf.reduce_sum(tf.cast(padding_mask > 0, tf.int32), axis=1)  # (B,)
+    batch, prompt_length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
+    total = prompt_length + max_new_tokens
+    buffer = tf.pad(token_ids * tf.cast(padding_mask > 0, tf.int32), [[0, 0], [0, max_new_tokens]])
+    prompt_mask = tf.range(total)[None, :] < lengths[:, None]
+    limits = lengths + max_new_tokens
+    body = _loop_body(generator._step(), _sampling(temperature, top_k), 0)
+    result = generator._loop(
+        body, tf.zeros([batch, 1], tf.int32), buffer, prompt_mask, limits,
+        _noise(batch, total, seed), tf.reduce_min(lengths), tf.constant([-1], tf.int32),
+    )
+    # The new tokens of each row, after its own prompt.
+    positions = lengths[:, None] + tf.range(max_new_tokens)[None, :]
+    return tf.gather(result, positions, batch_dims=1)
+
+
+def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, temperature, top_k, seed, start_token_id):
+    import tensorflow as tf
+
+    from kerasformer.generate import Generator, _loop_body
+
+    generator = Generator(model)
+    batch = tf.shape(encoder_token_ids)[0]
+    total = 1 + max_new_tokens
+    buffer = tf.concat([tf.fill([batch, 1], start_token_id), tf.zeros([batch, max_new_tokens], tf.int32)], axis=1)
+    prompt_mask = tf.broadcast_to(tf.range(total)[None, :] < 1, [batch, total])
+    limits = tf.fill([batch], total)
+    body = _loop_body(generator._step(), _sampling(temperature, top_k), model.pad_token_id)
+    result = generator._loop(
+        body, encoder_token_ids, buffer, prompt_mask, limits,
+        _noise(batch, total, seed), tf.constant(1), tf.constant([-1], tf.int32),
+    )
+    return result[:, 1:]
+
+
+def _text_signatures(model, tokenizer, signatures):
+    """String-in / string-out signatures with the KerasHub tokenizer in the graph."""
+    import tensorflow as tf
+
+    from kerasformer import data
+    from kerasformer.models import GPT, BERTClassifier, BERTMaskedLM
+    from kerasformer.models.seq2seq import EncoderDecoderModel
+
+    text = tf.TensorSpec([None], tf.string, name="text")
+
+    def tokenize(strings):
+        ragged = tokenizer(strings)
+        token_ids = tf.cast(ragged.to_tensor(default_value=0), tf.int32)
+        mask = tf.cast(tf.sequence_mask(ragged.row_lengths(), tf.shape(token_ids)[1]), tf.int32)
+        return token_ids, mask
+
+    def detokenize(ids):
+        ids = tf.RaggedTensor.from_tensor(ids, padding=0)
+        return tokenizer.detokenize(ids)
+
+    out = {}
+    if isinstance(model, GPT):
+
+        @tf.function(input_signature=[text, tf.TensorSpec([], tf.int32, "max_new_tokens"), tf.TensorSpec([], tf.float32, "temperature"),
+                                      tf.TensorSpec([], tf.int32, "top_k"), tf.TensorSpec([], tf.int32, "seed")])
+        def generate_text(text, max_new_tokens, temperature, top_k, seed):
+            token_ids, mask = tokenize(text)
+            new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, seed)["generated_ids"]
+            return {"text": tf.strings.join([text, detokenize(new)])}
+
+        out["generate_text"] = generate_text
+    elif isinstance(model, EncoderDecoderModel):
+        start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
+
+        @tf.function(input_signature=[text, tf.TensorSpec([], tf.int32, "max_new_tokens"), tf.TensorSpec([], tf.float32, "temperature"),
+                                      tf.TensorSpec([], tf.int32, "top_k"), tf.TensorSpec([], tf.int32, "seed")])
+        def generate_text(text, max_new_tokens, temperature, top_k, seed):
+            token_ids, mask = tokenize(text)
+            new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, seed, start)["generated_ids"]
+            # Cut each row at its first end token.
+            keep = tf.cumsum(tf.cast(tf.equal(new, end), tf.int32), axis=1) == 0
+            return {"text": detokenize(tf.where(keep, new, 0))}
+
+        out["generate_text"] = generate_text
+    elif isinstance(model, (BERTMaskedLM, BERTClassifier)):
+        name = "fill_mask" if isinstance(model, BERTMaskedLM) else "classify"
+
+        @tf.function(input_signature=[text])
+        def text_signature(text):
+            token_ids, mask = tokenize(text)
+            return signatures[name](token_ids, mask, tf.zeros_like(token_ids))
+
+        out[name + "_text"] = text_signature
+    return out
+
+
+if __name__ == "__main__":  # The subprocess of `export`: python -m kerasformer.export MODEL OUT [TOKENIZER]
+    _export_with_tensorflow(sys.argv[1], sys.argv[3] if len(sys.argv) > 3 else None, sys.argv[2])
