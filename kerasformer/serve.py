@@ -1,0 +1,301 @@
+"""An HTTP server for a SavedModel that speaks TensorFlow Serving's REST API.
+
+    kerasformer serve saved_models/gpt --port 8501
+
+    GET  /v1/models/NAME                 model status
+    GET  /v1/models/NAME/metadata        signatures, their inputs and outputs
+    POST /v1/models/NAME:predict         {"signature_name": ..., "instances": [...]}  (row format)
+                                         {"signature_name": ..., "inputs": {...}}     (columnar format)
+
+Answers are TF Serving's: `{"predictions": [...]}` for rows, `{"outputs": ...}`
+for columns, `{"error": "..."}` with a 4xx status for a bad request. A client
+written for TF Serving works unchanged, and the same folder can be served by
+`tensorflow_model_server` in production. Requests run on a bounded thread
+pool; SIGTERM stops the server cleanly. Only TensorFlow is needed here.
+"""
+
+import json
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import numpy as np
+
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+_DTYPE_NAMES = {"int32": "DT_INT32", "int64": "DT_INT64", "float32": "DT_FLOAT", "string": "DT_STRING", "bool": "DT_BOOL"}
+
+
+class RequestError(ValueError):
+    """A bad request: answered with `status` and a JSON error, never raised further."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+class ServedModel:
+    """A loaded SavedModel, its signatures, and request validation."""
+
+    def __init__(self, path, name=None):
+        import tensorflow as tf
+
+        try:  # WordPiece / SentencePiece ops used by text signatures.
+            import tensorflow_text  # noqa: F401
+        except ImportError:
+            pass
+        self.tf = tf
+        self.path = os.path.abspath(path)
+        self.name = name or os.path.basename(self.path.rstrip("/"))
+        self.module = tf.saved_model.load(self.path)
+        self.signatures = dict(self.module.signatures)
+        info_path = os.path.join(self.path, "kerasformer.json")
+        self.vocab_size = None
+        if os.path.isfile(info_path):
+            with open(info_path) as f:
+                config = json.load(f).get("config", {})
+            config = config.get("backbone", {}).get("config", config) if isinstance(config.get("backbone"), dict) else config
+            self.vocab_size = config.get("vocab_size")
+
+    # Metadata ---------------------------------------------------------------
+
+    def status(self):
+        return {"model_version_status": [{"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]}
+
+    def metadata(self):
+        def describe(specs):
+            return {
+                name: {
+                    "dtype": _DTYPE_NAMES.get(spec.dtype.name, spec.dtype.name),
+                    "tensor_shape": {"dim": [{"size": str(-1 if d is None else d), "name": ""} for d in spec.shape]},
+                    "name": f"{name}:0",
+                }
+                for name, spec in specs.items()
+            }
+
+        signature_def = {}
+        for name, function in self.signatures.items():
+            signature_def[name] = {
+                "inputs": describe(function.structured_input_signature[1]),
+                "outputs": describe(function.structured_outputs),
+                "method_name": "tensorflow/serving/predict",
+            }
+        return {
+            "model_spec": {"name": self.name, "signature_name": "", "version": "1"},
+            "metadata": {"signature_def": {"signature_def": signature_def}},
+        }
+
+    # Prediction -------------------------------------------------------------
+
+    def predict(self, request):
+        if not isinstance(request, dict):
+            raise RequestError("The request body must be a JSON object.")
+        signature_name = request.get("signature_name", "serving_default")
+        if signature_name not in self.signatures:
+            raise RequestError(f"Unknown signature_name {signature_name!r}; this model has {sorted(self.signatures)}.")
+        function = self.signatures[signature_name]
+        specs = function.structured_input_signature[1]
+        rows = "instances" in request
+        if rows == ("inputs" in request):
+            raise RequestError('The request needs exactly one of "instances" (row format) or "inputs" (columnar format).')
+        columns = self._columns_from_instances(request["instances"], specs) if rows else request["inputs"]
+        if not isinstance(columns, dict):
+            if len(specs) != 1:
+                raise RequestError(f"Name the inputs of {signature_name!r}: {sorted(specs)}.")
+            columns = {next(iter(specs)): columns}
+        unknown = set(columns) - set(specs)
+        if unknown:
+            raise RequestError(f"Unknown inputs {sorted(unknown)}; {signature_name!r} takes {sorted(specs)}.")
+        missing = set(specs) - set(columns)
+        if missing:
+            raise RequestError(f"Missing inputs {sorted(missing)} for {signature_name!r}.")
+        tensors = {name: self._tensor(name, columns[name], spec) for name, spec in specs.items()}
+        outputs = {k: v.numpy() for k, v in function(**tensors).items()}
+        if rows:
+            return {"predictions": _rows(outputs)}
+        if len(outputs) == 1:
+            return {"outputs": _jsonable(next(iter(outputs.values())))}
+        return {"outputs": {k: _jsonable(v) for k, v in outputs.items()}}
+
+    def _columns_from_instances(self, instances, specs):
+        if not isinstance(instances, list) or not instances:
+            raise RequestError('"instances" must be a non-empty list.')
+        if not all(isinstance(i, dict) for i in instances):
+            if len(specs) != 1:
+                raise RequestError(f"Each instance must be an object with the inputs {sorted(specs)}.")
+            return {next(iter(specs)): instances}
+        columns = {}
+        for name, spec in specs.items():
+            values = [instance.get(name) for instance in instances]
+            if any(v is None for v in values):
+                raise RequestError(f"Every instance needs the input {name!r}.")
+            if spec.shape.rank == 0:  # A scalar option: all rows must agree.
+                if any(v != values[0] for v in values):
+                    raise RequestError(f"The scalar input {name!r} must be the same in every instance.")
+                columns[name] = values[0]
+            else:
+                columns[name] = values
+        extra = {k for instance in instances for k in instance} - set(specs)
+        if extra:
+            raise RequestError(f"Unknown inputs {sorted(extra)}; this signature takes {sorted(specs)}.")
+        return columns
+
+    def _tensor(self, name, value, spec):
+        tf = self.tf
+        dtype = spec.dtype
+        try:
+            if dtype == tf.string:
+                array = np.asarray(value, dtype=object)
+                if array.size and not all(isinstance(v, str) for v in array.ravel()):
+                    raise ValueError
+            else:
+                array = np.asarray(value)
+                if array.dtype == object or array.dtype.kind not in "iufb":
+                    raise ValueError
+                if dtype.is_integer and array.size and array.dtype.kind == "f" and not np.all(array == np.round(array)):
+                    raise ValueError
+                array = array.astype(dtype.as_numpy_dtype)
+        except (ValueError, TypeError):
+            kind = "strings" if dtype == tf.string else f"numbers of dtype {dtype.name} (rows of equal length)"
+            raise RequestError(f"Input {name!r} must hold {kind}.") from None
+        if array.ndim != spec.shape.rank:
+            raise RequestError(f"Input {name!r} must have rank {spec.shape.rank} (shape {spec.shape}), got shape {array.shape}.")
+        if array.ndim and array.size == 0:
+            raise RequestError(f"Input {name!r} is empty.")
+        if name.endswith("token_ids") and self.vocab_size and (array.min() < 0 or array.max() >= self.vocab_size):
+            raise RequestError(f"Input {name!r} has token ids outside [0, {self.vocab_size}) (vocab_size={self.vocab_size}).")
+        if name == "max_new_tokens" and not 1 <= int(array) <= 4096:
+            raise RequestError("Input 'max_new_tokens' must be in [1, 4096].")
+        if array.ndim == 2 and "padding_mask" in name and array.shape[1] == 0:
+            raise RequestError(f"Input {name!r} is empty.")
+        return tf.constant(array, dtype=dtype)
+
+
+def _jsonable(array):
+    array = np.asarray(array)
+    if array.dtype == object:
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in array.tolist()] if array.ndim else array.item().decode()
+    return array.tolist()
+
+
+def _rows(outputs):
+    if len(outputs) == 1:
+        return _jsonable(next(iter(outputs.values())))
+    columns = {k: _jsonable(v) for k, v in outputs.items()}
+    count = len(next(iter(columns.values())))
+    return [{k: columns[k][i] for k in columns} for i in range(count)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "kerasformer-serve"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # Quiet by default; errors are answered, not printed.
+        if os.environ.get("KERASFORMER_SERVE_LOG"):
+            super().log_message(format, *args)
+
+    def _reply(self, status, body):
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _route(self):
+        model = self.server.model
+        prefix = f"/v1/models/{model.name}"
+        path = self.path.split("?")[0]
+        if not path.startswith(prefix):
+            raise RequestError(f"Not found: {path}; this server has /v1/models/{model.name}.", 404)
+        return path[len(prefix):]
+
+    def do_GET(self):
+        try:
+            rest = self._route()
+            if rest in ("", "/", "/versions/1"):
+                return self._reply(200, self.server.model.status())
+            if rest in ("/metadata", "/versions/1/metadata"):
+                return self._reply(200, self.server.model.metadata())
+            raise RequestError(f"Not found: {self.path}.", 404)
+        except RequestError as error:
+            self._reply(error.status, {"error": str(error)})
+
+    def do_POST(self):
+        try:
+            rest = self._route()
+            if rest not in (":predict", "/versions/1:predict"):
+                raise RequestError(f"Not found: {self.path}; POST to /v1/models/{self.server.model.name}:predict.", 404)
+            length = self.headers.get("Content-Length")
+            if length is None:
+                raise RequestError("A Content-Length header is required.", 411)
+            length = int(length)
+            if length > MAX_REQUEST_BYTES:
+                raise RequestError(f"The request is larger than {MAX_REQUEST_BYTES} bytes.", 413)
+            body = self.rfile.read(length)
+            try:
+                request = json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise RequestError(f"The body is not valid JSON: {error}.") from None
+            self._reply(200, self.server.model.predict(request))
+        except RequestError as error:
+            self.close_connection = error.status in (411, 413)
+            self._reply(error.status, {"error": str(error)})
+        except ValueError as error:
+            self._reply(400, {"error": str(error)})
+        except Exception as error:  # noqa: BLE001 - a server answers, it does not crash.
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            self._reply(400 if "InvalidArgument" in type(error).__name__ else 500, {"error": message[:500]})
+
+    def do_PUT(self):
+        self._reply(405, {"error": "Use GET for status and metadata, POST for :predict."})
+
+    do_DELETE = do_PUT
+
+
+class PooledHTTPServer(HTTPServer):
+    """Handles each connection on a bounded thread pool."""
+
+    allow_reuse_address = True
+
+    def __init__(self, address, model, workers=4):
+        super().__init__(address, _Handler)
+        self.model = model
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="serve")
+
+    def process_request(self, request, client_address):
+        self.pool.submit(self._handle, request, client_address)
+
+    def _handle(self, request, client_address):
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - a broken connection must not stop the server.
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+    def server_close(self):
+        super().server_close()
+        self.pool.shutdown(wait=True)
+
+
+def serve(path, host="127.0.0.1", port=8501, name=None, workers=4, ready=None):
+    """Serves the SavedModel at `path` until SIGTERM or SIGINT."""
+    model = ServedModel(path, name)
+    server = PooledHTTPServer((host, port), model, workers)
+
+    def stop(signum, frame):
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+    print(f"Serving {model.name} ({sorted(model.signatures)}) on http://{host}:{server.server_address[1]}/v1/models/{model.name}", flush=True)
+    if ready is not None:
+        ready.set()
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        print("Server stopped.", flush=True)
