@@ -34,6 +34,11 @@ import keras
 
 def export(model, path, tokenizer=None):
     """Writes `model` (and its tokenizer) as a TensorFlow SavedModel at `path`."""
+    from kerasformer.models import BERT, GPT, BERTClassifier, BERTMaskedLM
+    from kerasformer.models.seq2seq import EncoderDecoderModel
+
+    if not isinstance(model, (GPT, BERT, BERTMaskedLM, BERTClassifier, EncoderDecoderModel)):
+        raise ValueError(f"Cannot export a {type(model).__name__}: `model` must be a kerasformer model.")
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)

@@ -1,0 +1,131 @@
+"""SavedModels exported from every backend give the in-memory model's outputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from kerasformer import data
+from kerasformer.export import export
+from kerasformer.generate import generate
+from kerasformer.models import BERTMaskedLM, from_preset
+from tests.conftest import to_numpy
+
+VOCAB = 64
+# Runs in a fresh process that imports TensorFlow only (not keras, not kerasformer).
+LOADER = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+assert "kerasformer" not in sys.modules and "keras_hub" not in sys.modules
+path, request = sys.argv[1], json.loads(sys.argv[2])
+module = tf.saved_model.load(path)
+results = {"signatures": sorted(module.signatures)}
+for name, inputs in request.items():
+    function = module.signatures[name]
+    outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
+    results[name] = {k: [x.decode() if isinstance(x, bytes) else x for x in v.numpy().tolist()] for k, v in outputs.items()}
+print(json.dumps(results))
+"""
+
+
+def run_saved_model(path, request):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("KERAS_BACKEND", None)
+    result = subprocess.run([sys.executable, "-c", LOADER, str(path), json.dumps(request)], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def train_briefly(model, inputs, labels):
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(inputs, labels, epochs=1, batch_size=4, verbose=0)
+
+
+def token_ids(shape, seed=0):
+    return np.random.default_rng(seed).integers(3, VOCAB, shape).astype("int32")
+
+
+def test_gpt_export_matches_logits_and_greedy_generation(tmp_path):
+    model = from_preset("gpt2-tiny", vocab_size=VOCAB)
+    sequences = token_ids((8, 13))
+    train_briefly(model, sequences[:, :-1], sequences[:, 1:])
+    path = export(model, tmp_path / "gpt")
+    ids = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]], "int32")
+    mask = (ids != 0).astype("int32")
+    results = run_saved_model(path, {
+        "serving_default": {"token_ids": ids.tolist(), "padding_mask": mask.tolist()},
+        "generate": {"token_ids": ids.tolist(), "padding_mask": mask.tolist(), "max_new_tokens": 6,
+                     "temperature": 0.0, "top_k": 0, "seed": 0},
+    })
+    assert {"serving_default", "generate"} <= set(results["signatures"])
+    logits = np.array(results["serving_default"]["logits"])
+    expected = to_numpy(model(ids))
+    np.testing.assert_allclose(logits[0], expected[0], atol=1e-4)
+    np.testing.assert_allclose(logits[1, :3], expected[1, :3], atol=1e-4)
+    generated = np.array(results["generate"]["generated_ids"])
+    np.testing.assert_array_equal(generated, generate(model, [[5, 6, 7, 8, 9], [10, 11, 12]], max_new_tokens=6))
+
+
+def test_bert_export_matches_and_has_fill_mask_and_embed(tmp_path):
+    model = BERTMaskedLM(from_preset("bert-tiny", vocab_size=VOCAB))
+    ids = token_ids((8, 10))
+    train_briefly(model, {"token_ids": ids, "segment_ids": np.zeros_like(ids)}, ids)
+    path = export(model, tmp_path / "bert")
+    query = np.array([[2, 5, 4, 7, 3, 0]], "int32")
+    mask = (query != 0).astype("int32")
+    inputs = {"token_ids": query.tolist(), "padding_mask": mask.tolist(), "segment_ids": np.zeros_like(query).tolist()}
+    results = run_saved_model(path, {"serving_default": inputs, "fill_mask": inputs, "embed": inputs})
+    assert {"serving_default", "fill_mask", "embed"} <= set(results["signatures"])
+    expected = to_numpy(model({"token_ids": query, "segment_ids": np.zeros_like(query)}))
+    np.testing.assert_allclose(np.array(results["serving_default"]["logits"])[0, :5], expected[0, :5], atol=1e-4)
+    np.testing.assert_array_equal(np.array(results["fill_mask"]["predicted_ids"])[0, :5], expected[0, :5].argmax(-1))
+    assert np.array(results["embed"]["pooled_output"]).shape == (1, model.backbone.hidden_dim)
+
+
+def test_t5_export_matches_logits_and_greedy_generation(tmp_path):
+    model = from_preset("t5-tiny", vocab_size=VOCAB)
+    source, target = token_ids((8, 9)), token_ids((8, 6), seed=1)
+    train_briefly(model, {"encoder_token_ids": source, "decoder_token_ids": target}, target)
+    path = export(model, tmp_path / "t5")
+    encoder = np.array([[5, 6, 7, 8], [9, 10, 0, 0]], "int32")
+    mask = (encoder != 0).astype("int32")
+    decoder = np.array([[1, 5, 6], [1, 7, 8]], "int32")
+    results = run_saved_model(path, {
+        "serving_default": {"encoder_token_ids": encoder.tolist(), "encoder_padding_mask": mask.tolist(), "decoder_token_ids": decoder.tolist()},
+        "generate": {"encoder_token_ids": encoder.tolist(), "encoder_padding_mask": mask.tolist(), "max_new_tokens": 5,
+                     "temperature": 0.0, "top_k": 0, "seed": 0, "start_token_id": 1},
+    })
+    expected = to_numpy(model({"encoder_token_ids": encoder, "decoder_token_ids": decoder}))
+    np.testing.assert_allclose(np.array(results["serving_default"]["logits"]), expected, atol=1e-4)
+    np.testing.assert_array_equal(np.array(results["generate"]["generated_ids"]), generate(model, encoder, max_new_tokens=5, start_token_id=1))
+
+
+def test_text_signature_carries_the_tokenizer(tmp_path):
+    tokenizer = data.train_tokenizer("char", ["abcdefghij"])
+    model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
+    path = export(model, tmp_path / "gpt_text", tokenizer=tokenizer)
+    results = run_saved_model(path, {"generate_text": {"text": ["abc"], "max_new_tokens": 4, "temperature": 0.0, "top_k": 0, "seed": 0}})
+    new = generate(model, [data.encode(tokenizer, "abc")], max_new_tokens=4)[0]
+    assert results["generate_text"]["text"][0] == "abc" + data.decode(tokenizer, new)
+
+
+def test_saved_model_cli_lists_the_signatures_and_export_is_atomic(tmp_path):
+    model = from_preset("gpt2-tiny", vocab_size=VOCAB)
+    target = tmp_path / "saved_models" / "gpt"
+    export(model, target)
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    shown = subprocess.run([cli, "show", "--dir", str(target), "--all"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for name in ("serving_default", "generate"):
+        assert f"signature_def['{name}']" in shown.stdout
+    # A failing export leaves the previous export in place and nothing half-written.
+    before = sorted(os.listdir(target))
+    with pytest.raises(ValueError):
+        export(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), target)
+    assert sorted(os.listdir(target)) == before
+    assert [p for p in os.listdir(target.parent) if p.startswith(".export")] == []
