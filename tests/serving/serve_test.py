@@ -1,0 +1,149 @@
+"""The REST server answers TF Serving's API, rejects bad requests with 4xx, and keeps serving."""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kerasformer import data
+from kerasformer.export import export
+from kerasformer.models import from_preset
+from tests.conftest import to_numpy
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port, method, path, body=None, raw=None, headers=None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    payload = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    connection.request(method, path, body=payload, headers=headers or {})
+    response = connection.getresponse()
+    text = response.read()
+    connection.close()
+    return response.status, json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tokenizer = data.train_tokenizer("char", ["abcdefghij"])
+    model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
+    path = export(model, tmp_path_factory.mktemp("saved_models") / "tiny", tokenizer=tokenizer)
+    port = free_port()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kerasformer.cli", "serve", str(path), "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if call(port, "GET", "/v1/models/tiny")[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        process.kill()
+        pytest.fail("The server did not start: " + process.stdout.read()[-2000:])
+    yield port, model, process
+    if process.poll() is None:
+        process.kill()
+
+
+GOOD = {"instances": [{"token_ids": [5, 6, 7], "padding_mask": [1, 1, 1]}]}
+
+
+def good_request_succeeds(port):
+    status, body = call(port, "POST", "/v1/models/tiny:predict", GOOD)
+    return status == 200 and len(body["predictions"]) == 1
+
+
+def test_status_and_metadata(server):
+    port, _, _ = server
+    status, body = call(port, "GET", "/v1/models/tiny")
+    assert status == 200 and body["model_version_status"][0]["state"] == "AVAILABLE"
+    status, body = call(port, "GET", "/v1/models/tiny/metadata")
+    signatures = body["metadata"]["signature_def"]["signature_def"]
+    assert {"serving_default", "generate", "generate_text"} <= set(signatures)
+    assert signatures["generate"]["inputs"]["token_ids"]["dtype"] == "DT_INT32"
+
+
+def test_row_and_columnar_formats_give_the_model_logits(server):
+    port, model, _ = server
+    ids = np.array([[5, 6, 7], [8, 9, 10]])
+    expected = to_numpy(model(ids))
+    status, rows = call(port, "POST", "/v1/models/tiny:predict", {
+        "instances": [{"token_ids": row.tolist(), "padding_mask": [1, 1, 1]} for row in ids]})
+    assert status == 200
+    np.testing.assert_allclose(np.array(rows["predictions"]), expected, atol=1e-4)
+    status, columns = call(port, "POST", "/v1/models/tiny:predict", {
+        "signature_name": "serving_default", "inputs": {"token_ids": ids.tolist(), "padding_mask": np.ones_like(ids).tolist()}})
+    assert status == 200
+    np.testing.assert_allclose(np.array(columns["outputs"]), expected, atol=1e-4)
+
+
+def test_generate_and_text_signatures(server):
+    port, _, _ = server
+    status, body = call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "generate", "inputs": {
+        "token_ids": [[5, 6, 7]], "padding_mask": [[1, 1, 1]], "max_new_tokens": 4, "temperature": 0.0, "top_k": 0, "seed": 0}})
+    assert status == 200 and np.array(body["outputs"]).shape == (1, 4)
+    status, body = call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "generate_text", "inputs": {
+        "text": ["abc"], "max_new_tokens": 3, "temperature": 0.0, "top_k": 0, "seed": 0}})
+    assert status == 200 and body["outputs"][0].startswith("abc")
+
+
+@pytest.mark.parametrize("name,request_kwargs,expected_status", [
+    ("bad json", dict(raw=b"{not json"), 400),
+    ("not an object", dict(body=[1, 2]), 400),
+    ("both formats", dict(body={"instances": [], "inputs": {}}), 400),
+    ("empty instances", dict(body={"instances": []}), 400),
+    ("wrong signature", dict(body={"signature_name": "nope", **GOOD}), 400),
+    ("unknown input", dict(body={"instances": [{"token_ids": [1], "padding_mask": [1], "extra": 1}]}), 400),
+    ("missing input", dict(body={"instances": [{"token_ids": [1, 2]}]}), 400),
+    ("wrong rank", dict(body={"inputs": {"token_ids": [1, 2], "padding_mask": [1, 1]}}), 400),
+    ("wrong dtype", dict(body={"inputs": {"token_ids": [["a", "b"]], "padding_mask": [[1, 1]]}}), 400),
+    ("fractional ids", dict(body={"inputs": {"token_ids": [[1.5, 2]], "padding_mask": [[1, 1]]}}), 400),
+    ("ragged rows", dict(body={"inputs": {"token_ids": [[1, 2], [3]], "padding_mask": [[1, 1], [1]]}}), 400),
+    ("token id out of range", dict(body={"inputs": {"token_ids": [[1, 99999]], "padding_mask": [[1, 1]]}}), 400),
+    ("negative token id", dict(body={"inputs": {"token_ids": [[-1, 2]], "padding_mask": [[1, 1]]}}), 400),
+    ("empty sequence", dict(body={"inputs": {"token_ids": [[]], "padding_mask": [[]]}}), 400),
+    ("too many new tokens", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "padding_mask": [[1]], "max_new_tokens": 10**6, "temperature": 0.0, "top_k": 0, "seed": 0}}), 400),
+    ("too large", dict(raw=b"{}", headers={"Content-Length": str(10**9)}), 413),
+])
+def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_kwargs, expected_status):
+    port, _, process = server
+    status, body = call(port, "POST", "/v1/models/tiny:predict", **request_kwargs)
+    assert status == expected_status, (name, body)
+    assert "error" in body
+    assert process.poll() is None
+    assert good_request_succeeds(port)
+
+
+def test_unknown_paths_and_methods(server):
+    port, _, _ = server
+    assert call(port, "GET", "/v1/models/other")[0] == 404
+    assert call(port, "POST", "/v1/models/tiny:classify", GOOD)[0] == 404
+    assert call(port, "PUT", "/v1/models/tiny", GOOD)[0] == 405
+    assert good_request_succeeds(port)
+
+
+def test_concurrent_clients_then_clean_sigterm(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    port, _, process = server
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: good_request_succeeds(port), range(32)))
+    assert all(results)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert "Server stopped." in process.stdout.read()
