@@ -1,0 +1,102 @@
+"""The training CLI: a run trains, logs, plots, evaluates, and resumes after being killed."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from kerasformer.cli import generate_text
+from kerasformer.train import TrainConfig, load_run, make_optimizer, train
+from kerasformer.models import from_preset
+
+TINY = ["--steps", "40", "--checkpoint-every", "10", "--batch-size", "8", "--sequence-length", "32",
+        "--warmup-steps", "5", "--validation-steps", "2", "--learning-rate", "3e-3"]
+
+
+def cli(*args):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CI": "1"}
+    return [sys.executable, "-m", "kerasformer.cli", *args], env
+
+
+def test_schedule_warms_up_then_decays_and_spares_vectors_from_decay():
+    model = from_preset("gpt2-tiny", vocab_size=32)
+    config = TrainConfig(steps=200, warmup_steps=20, learning_rate=1e-3, min_learning_rate=1e-4)
+    optimizer = make_optimizer(model, config)
+    schedule = optimizer.learning_rate if callable(optimizer.learning_rate) else optimizer._learning_rate
+    rates = [float(keras.ops.convert_to_numpy(schedule(step))) for step in (0, 10, 20, 110, 200)]
+    assert rates[0] < rates[1] < rates[2] == pytest.approx(1e-3)
+    assert rates[2] > rates[3] > rates[4] == pytest.approx(1e-4, rel=1e-3)
+    optimizer.build(model.trainable_variables)
+    decayed = {v.path for v in model.trainable_variables if optimizer._use_weight_decay(v)}
+    assert all(len(v.shape) >= 2 for v in model.trainable_variables if v.path in decayed)
+    assert any(len(v.shape) == 1 for v in model.trainable_variables)  # Biases and norms exist, undecayed.
+
+
+def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path):
+    run_dir = tmp_path / "gpt"
+    command, env = cli("train", "gpt", "--run-dir", str(run_dir), *TINY)
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "evaluation: val_loss=" in result.stdout and "perplexity=" in result.stdout
+    for name in ("model.keras", "checkpoint.keras", "log.csv", "loss.png", "run.json", "tokenizer/tokenizer.json"):
+        assert (run_dir / name).exists(), name
+    with open(run_dir / "log.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    text = generate_text(str(run_dir), "the cat", max_new_tokens=10)
+    assert text.startswith("the cat") and len(text) > len("the cat")
+
+
+def test_a_killed_run_resumes_where_it_stopped(tmp_path):
+    run_dir = tmp_path / "resumable"
+    command, env = cli("train", "gpt", "--run-dir", str(run_dir), *TINY)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metadata = run_dir / "backup" / "training_metadata.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if metadata.exists():
+            try:
+                if json.loads(metadata.read_text())["epoch"] >= 2:
+                    break
+            except (ValueError, KeyError):
+                pass
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = json.loads(metadata.read_text())["epoch"]
+    assert 2 <= killed_at < 4, "the run must be killed midway"
+    assert not (run_dir / "model.keras").exists()
+
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Epoch {killed_at + 1}/4" in result.stdout and "Epoch 1/4" not in result.stdout
+    with open(run_dir / "log.csv") as f:
+        epochs = [int(r["epoch"]) for r in csv.DictReader(f)]
+    assert sorted(set(epochs)) == [0, 1, 2, 3]
+    model, _, info = load_run(str(run_dir))
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 40  # Steps were restored, not redone.
+    assert info["evaluation"]["val_loss"] > 0
+
+
+@pytest.mark.parametrize("task,metric", [("bert", "masked_token_accuracy"), ("t5", "exact_match"), ("transformer", "exact_match")])
+def test_other_tasks_train_and_report_their_score(task, metric, tmp_path):
+    config = TrainConfig(task=task, run_dir=str(tmp_path / task), steps=20, checkpoint_every=10, batch_size=16,
+                         sequence_length=24, warmup_steps=5, validation_steps=2, learning_rate=3e-3)
+    results = train(config)
+    assert 0.0 <= results[metric] <= 1.0
+    assert (tmp_path / task / "model.keras").exists()
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        train(TrainConfig(steps=25, checkpoint_every=10))
+    with pytest.raises(ValueError, match="precision"):
+        train(TrainConfig(precision="fp8"))
