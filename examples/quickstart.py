@@ -1,0 +1,28 @@
+"""Build a GPT, train it on a generated language, and generate text: the whole loop.
+
+    python examples/quickstart.py [--steps 300]
+"""
+
+import argparse
+
+import keras
+
+from kerasformer import data
+from kerasformer.generate import generate
+from kerasformer.models import from_preset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=300)
+args = parser.parse_args()
+
+text = " ".join(data.generated_language(5000))  # A small English-like language.
+tokenizer = data.train_tokenizer("char", [text])  # KerasHub's character tokenizer.
+batches = data.LanguageModelBatches(data.encode(tokenizer, text), 64, batch_size=16, steps=args.steps)
+
+model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
+model.compile(optimizer=keras.optimizers.AdamW(3e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(batches, epochs=1)
+
+prompt = data.encode(tokenizer, "the old cat")
+new = generate(model, [prompt], max_new_tokens=60, temperature=0.8, top_k=10, seed=0)[0]
+print("the old cat" + data.decode(tokenizer, new))
