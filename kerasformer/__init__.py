@@ -1,5 +1,14 @@
-"""kerasformer: Transformer layers and models for Keras 3 (TensorFlow, JAX, PyTorch)."""
+"""kerasformer: Transformer layers and models for Keras 3 (TensorFlow, JAX, PyTorch).
 
-from kerasformer import layers
+    kerasformer.layers    building blocks
+    kerasformer.models    GPT, BERT, T5, Transformer, presets
+    kerasformer.generate  KV-cached generation    (also the module of that name)
+    kerasformer.export    SavedModel export       (also the module of that name)
+"""
+
+from kerasformer import layers, models
+from kerasformer.export import export
+from kerasformer.generate import generate
 
 __version__ = "0.1.0"
+__all__ = ["export", "generate", "layers", "models"]

@@ -9,6 +9,7 @@ again with the same folder resumes), `tokenizer/`, `log.csv`, `loss.png` and
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 
 import keras
@@ -271,7 +272,7 @@ def train(config):
         validation_data=validation_data,
         epochs=config.steps // config.checkpoint_every,
         callbacks=callbacks,
-        verbose=2 if os.environ.get("CI") else 1,
+        verbose=1 if sys.stdout.isatty() else 2,  # A progress bar for people, lines for logs.
     )
     model.save(os.path.join(config.run_dir, "model.keras"))
     results = evaluate(model)

@@ -9,7 +9,6 @@ import sys
 import time
 
 import keras
-import numpy as np
 import pytest
 
 from kerasformer.cli import generate_text

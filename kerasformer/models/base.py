@@ -5,6 +5,18 @@ import inspect
 import keras
 
 
+def position_layer(position_type, max_sequence_length, initializer="glorot_uniform"):
+    """The layer adding positions to embeddings: learned, sinusoidal, or None
+    (rotary positions live inside attention)."""
+    from kerasformer.layers import PositionEmbedding, SinusoidalPositionEncoding
+
+    if position_type == "learned":
+        return PositionEmbedding(max_sequence_length, initializer=initializer, name="position_embedding")
+    if position_type == "sinusoidal":
+        return SinusoidalPositionEncoding(name="position_encoding")
+    return None
+
+
 def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"Unknown `{name}` {value!r}; expected one of {choices}.")

@@ -8,7 +8,7 @@ first ([CLS]) token -> pooled output.
 import keras
 from keras import ops
 
-from kerasformer.layers import EncoderBlock, PositionEmbedding, SinusoidalPositionEncoding
+from kerasformer.layers import EncoderBlock
 from kerasformer.layers.embedding import TokenEmbedding
 from kerasformer.layers.feedforward import ACTIVATIONS, resolve_activation
 from kerasformer.layers.residual import make_norm
@@ -17,6 +17,7 @@ from kerasformer.models.base import (
     TransformerModel,
     check_choice,
     constructor_arguments,
+    position_layer,
 )
 
 POSITION_TYPES = ("learned", "sinusoidal", "rotary")
@@ -80,13 +81,7 @@ class BERT(TransformerModel):
         token_embedding = TokenEmbedding(
             vocab_size, hidden_dim, embeddings_initializer=initializer, name="token_embedding"
         )
-        position_embedding = None
-        if position_type == "learned":
-            position_embedding = PositionEmbedding(
-                max_sequence_length, initializer=initializer, name="position_embedding"
-            )
-        elif position_type == "sinusoidal":
-            position_embedding = SinusoidalPositionEncoding(name="position_encoding")
+        position_embedding = position_layer(position_type, max_sequence_length, initializer)
         segment_embedding = None
         if num_segments:
             segment_embedding = keras.layers.Embedding(

@@ -7,15 +7,15 @@ pre-norm) -> final LayerNorm -> logits through the tied embedding.
 from types import SimpleNamespace
 
 import keras
-from keras import ops
 
-from kerasformer.layers import DecoderBlock, PositionEmbedding, SinusoidalPositionEncoding
+from kerasformer.layers import DecoderBlock
 from kerasformer.layers.embedding import TokenEmbedding
 from kerasformer.layers.residual import make_norm
 from kerasformer.models.base import (
     TransformerModel,
     check_choice,
     constructor_arguments,
+    position_layer,
     empty_cache,
 )
 
@@ -81,13 +81,7 @@ class GPT(TransformerModel):
         config = constructor_arguments(locals(), GPT)
         check_choice("position_type", position_type, POSITION_TYPES)
         initializer = keras.initializers.TruncatedNormal(stddev=0.02)
-        position_embedding = None
-        if position_type == "learned":
-            position_embedding = PositionEmbedding(
-                max_sequence_length, initializer=initializer, name="position_embedding"
-            )
-        elif position_type == "sinusoidal":
-            position_embedding = SinusoidalPositionEncoding(name="position_encoding")
+        position_embedding = position_layer(position_type, max_sequence_length, initializer)
         parts = SimpleNamespace(
             token_embedding=TokenEmbedding(
                 vocab_size, hidden_dim, embeddings_initializer=initializer, name="token_embedding"
@@ -123,6 +117,12 @@ class GPT(TransformerModel):
         super().__init__(inputs=token_ids, outputs=logits, **kwargs)
         for name, value in vars(parts).items():
             setattr(self, name, value)
+        # GPT-2 scales the init of the projections that feed the residual
+        # stream by 1/sqrt(2 * layers), so the stream's variance stays ~1.
+        residual_init = keras.initializers.TruncatedNormal(stddev=0.02 / (2 * num_layers) ** 0.5)
+        for block in self.blocks:
+            for dense in (block.self_attention.sublayer.output_dense, block.feedforward.sublayer.output_dense):
+                dense.kernel.assign(residual_init(dense.kernel.shape))
         self._set_config(config)
 
     def compute_logits(self, token_ids, cache=None, cache_update_index=None, padding_mask=None):

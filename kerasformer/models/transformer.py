@@ -10,15 +10,10 @@ from types import SimpleNamespace
 
 import keras
 
-from kerasformer.layers import (
-    DecoderBlock,
-    EncoderBlock,
-    PositionEmbedding,
-    SinusoidalPositionEncoding,
-)
+from kerasformer.layers import DecoderBlock, EncoderBlock
 from kerasformer.layers.embedding import TokenEmbedding
 from kerasformer.layers.residual import make_norm
-from kerasformer.models.base import check_choice, constructor_arguments
+from kerasformer.models.base import check_choice, constructor_arguments, position_layer
 from kerasformer.models.seq2seq import EncoderDecoderModel
 
 POSITION_TYPES = ("sinusoidal", "learned")
@@ -112,10 +107,7 @@ class Transformer(EncoderDecoderModel):
             target_embedding = source_embedding
         else:
             target_embedding = embedding(target_vocab_size or vocab_size, "target_embedding")
-        if position_type == "sinusoidal":
-            position_encoding = SinusoidalPositionEncoding(name="position_encoding")
-        else:
-            position_encoding = PositionEmbedding(max_sequence_length, name="position_embedding")
+        position_encoding = position_layer(position_type, max_sequence_length)
 
         def final_norm(name):
             return make_norm(norm_type, norm_epsilon, None, name) if norm_first else None

@@ -1,0 +1,91 @@
+"""Training throughput: kerasformer's GPT vs KerasHub's GPT2CausalLM, same config, same run.
+
+4 layers, width 256, 4 heads, context 128, batch 16, vocabulary 8192, fp32,
+AdamW, `fit` with each backend's default compilation. Prints training tokens/s
+for both and their ratio, and the model-FLOPs utilization: tokens/s x
+FLOPs/token (6N + 12 L T d, as nanoGPT counts) over this machine's measured
+fp32 matmul rate.
+
+    python benchmarks/train_throughput.py --all
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from common import run_per_backend  # noqa: E402
+
+CONFIG = dict(vocab_size=8192, num_layers=4, num_heads=4, hidden_dim=256, length=128, batch=16)
+
+
+def matmul_rate(size=2048, repeats=5):
+    """This machine's fp32 matmul FLOP/s (numpy, the best of a few runs)."""
+    import numpy as np
+
+    a = np.random.rand(size, size).astype("float32")
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def tokens_per_second(model, inputs, labels, steps):
+    """Median-free wall time of `steps` steps of `fit`, after a compiling warm-up."""
+    import keras
+
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    batch = CONFIG["batch"]
+    model.fit(inputs, labels, batch_size=batch, epochs=1, steps_per_epoch=3, verbose=0)  # Compiles.
+    start = time.perf_counter()
+    model.fit(inputs, labels, batch_size=batch, epochs=1, steps_per_epoch=steps, verbose=0)
+    return steps * batch * CONFIG["length"] / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--all", action="store_true", help="run every backend")
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    if args.all:
+        sys.exit(0 if run_per_backend(__file__, sys.argv[1:]) else 1)
+
+    import keras
+    import keras_hub
+    import numpy as np
+
+    from kerasformer.models import GPT
+
+    c = CONFIG
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, c["vocab_size"], (c["batch"] * args.steps, c["length"] + 1)).astype("int32")
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    ours = GPT(c["vocab_size"], c["num_layers"], c["num_heads"], c["hidden_dim"], max_sequence_length=c["length"])
+    ours_rate = tokens_per_second(ours, x, y, args.steps)
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=c["vocab_size"], num_layers=c["num_layers"], num_heads=c["num_heads"],
+        hidden_dim=c["hidden_dim"], intermediate_dim=4 * c["hidden_dim"], max_sequence_length=c["length"], dropout=0.0,
+    )
+    theirs = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    theirs_rate = tokens_per_second(theirs, {"token_ids": x, "padding_mask": np.ones_like(x, bool)}, y, args.steps)
+
+    non_position_params = ours.count_params() - c["length"] * c["hidden_dim"]
+    flops_per_token = 6 * non_position_params + 12 * c["num_layers"] * c["length"] * c["hidden_dim"]
+    peak = matmul_rate()
+    print(
+        f"{keras.backend.backend():10s} kerasformer {ours_rate:8.0f} tok/s | KerasHub {theirs_rate:8.0f} tok/s | "
+        f"ratio {ours_rate / theirs_rate:4.2f}x | MFU {ours_rate * flops_per_token / peak:5.1%} of the measured "
+        f"{peak / 1e9:.0f} GFLOP/s fp32 matmul",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
