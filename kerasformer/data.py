@@ -52,6 +52,20 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
     raise ValueError(f"Unknown tokenizer `kind` {kind!r}; expected one of {TOKENIZER_KINDS}.")
 
 
+def byte_pair_tokenizer(vocabulary, merges):
+    """KerasHub's byte-pair (GPT-2 style) tokenizer from a vocabulary and merge rules.
+
+    Args:
+        vocabulary: `{token: id}` or the path of a `vocab.json`.
+        merges: a list of "a b" merge rules, or the path of a `merges.txt`.
+
+    KerasHub trains no BPE vocabulary; bring one (e.g. GPT-2's files on disk).
+    """
+    import keras_hub
+
+    return keras_hub.tokenizers.BytePairTokenizer(vocabulary=vocabulary, merges=merges, dtype="int32")
+
+
 def word_tokenizer(words):
     """A KerasHub WordPiece tokenizer over a known word list (special tokens first)."""
     import keras_hub

@@ -1,0 +1,118 @@
+import keras
+import numpy as np
+import pytest
+
+from kerasformer import data
+from tests.conftest import to_numpy
+
+
+def test_number_to_words():
+    assert data.number_to_words(0) == "zero"
+    assert data.number_to_words(15) == "fifteen"
+    assert data.number_to_words(40) == "forty"
+    assert data.number_to_words(342) == "three hundred forty two"
+    assert data.number_to_words(7001) == "seven thousand one"
+    assert data.number_to_words(120500) == "one hundred twenty thousand five hundred"
+    with pytest.raises(ValueError, match="n"):
+        data.number_to_words(10**6)
+    sources, targets = data.numbers_to_words_dataset(5, seed=1)
+    for source, target in zip(sources, targets):
+        assert data.number_to_words(int(source.replace(" ", ""))) == target
+
+
+def test_generated_language_agrees_in_number_and_uses_its_words():
+    sentences = data.generated_language(200, seed=0)
+    words = set(data.LANGUAGE_WORDS)
+    plural_nouns, singular_verbs = {"cats", "dogs", "birds", "children", "robots", "farmers"}, {"sees", "likes", "chases", "finds", "helps"}
+    for sentence in sentences:
+        tokens = sentence.split()
+        assert set(tokens) <= words and tokens[-1] == "."
+        subject = next(t for t in tokens if t in plural_nouns or t in {"cat", "dog", "bird", "child", "robot", "farmer"})
+        verb = tokens[tokens.index(subject) + 1]
+        assert (subject in plural_nouns) == (verb not in singular_verbs)
+
+
+@pytest.mark.parametrize("kind", ["char", "byte", "wordpiece", "sentencepiece"])
+def test_tokenizers_round_trip_and_save(kind, tmp_path):
+    texts = data.generated_language(2000, seed=0)
+    tokenizer = data.train_tokenizer(kind, texts, vocabulary_size=50 if kind == "sentencepiece" else 300)
+    ids = data.encode(tokenizer, texts[0])
+    assert ids.dtype == np.int32 and len(ids) > 0
+    decoded = data.decode(tokenizer, ids)
+    assert decoded.replace(" ", "") == texts[0].replace(" ", "")
+    data.save_tokenizer(tokenizer, tmp_path / kind)
+    np.testing.assert_array_equal(data.encode(data.load_tokenizer(tmp_path / kind), texts[0]), ids)
+    with pytest.raises(ValueError, match="kind"):
+        data.train_tokenizer("unigram-ish", texts)
+
+
+def test_byte_pair_tokenizer_from_vocabulary_and_merges(tmp_path):
+    vocabulary = {"<pad>": 0, "a": 1, "b": 2, "c": 3, "ab": 4, "abc": 5, "Ġ": 6, "Ġab": 7}
+    merges = ["a b", "ab c", "Ġ ab"]
+    tokenizer = data.byte_pair_tokenizer(vocabulary, merges)
+    np.testing.assert_array_equal(data.encode(tokenizer, "abc ab"), [5, 7])
+    data.save_tokenizer(tokenizer, tmp_path / "bpe")
+    np.testing.assert_array_equal(data.encode(data.load_tokenizer(tmp_path / "bpe"), "abc ab"), [5, 7])
+
+
+def test_pack_concatenates_documents_into_full_rows():
+    rows = data.pack([[1, 2, 3], [4, 5], [6, 7, 8, 9]], length=4, separator_id=0)
+    np.testing.assert_array_equal(rows, [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 0]])
+    assert data.pack([[1, 2]], length=4).shape == (0, 4)
+
+
+def test_mask_tokens_follows_bert_80_10_10():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(7, 1000, (400, 128))
+    ids[:, -8:] = 0  # Padding is never chosen.
+    inputs, labels, weights = data.mask_tokens(ids, mask_token_id=4, vocab_size=1000, special_ids=range(7), seed=0)
+    chosen = weights > 0
+    np.testing.assert_array_equal(labels, ids)
+    assert not chosen[:, -8:].any()
+    assert abs(chosen.mean() / (120 / 128) - 0.15) < 0.01
+    masked = (inputs == 4) & chosen
+    unchanged = (inputs == ids) & chosen
+    assert abs(masked.sum() / chosen.sum() - 0.8) < 0.02
+    assert abs(unchanged.sum() / chosen.sum() - 0.1) < 0.02  # (plus rare random == original)
+    assert np.all(inputs[~chosen] == ids[~chosen])
+
+
+def test_seq2seq_arrays_shift_targets_for_teacher_forcing():
+    inputs, labels, weights = data.seq2seq_arrays([[10, 11, 12], [13]], [[20, 21], [22, 23, 24]], start_id=5, end_id=6)
+    np.testing.assert_array_equal(inputs["encoder_token_ids"], [[10, 11, 12], [13, 0, 0]])
+    np.testing.assert_array_equal(inputs["decoder_token_ids"], [[5, 20, 21, 0], [5, 22, 23, 24]])
+    np.testing.assert_array_equal(labels, [[20, 21, 6, 0], [22, 23, 24, 6]])
+    np.testing.assert_array_equal(weights, [[1, 1, 1, 0], [1, 1, 1, 1]])
+
+
+def test_language_model_batches_are_shifted_windows_and_reproducible():
+    stream = np.arange(1000)
+    batches = data.LanguageModelBatches(stream, sequence_length=16, batch_size=4, steps=3, seed=0)
+    x, y = batches[0]
+    assert x.shape == (4, 16)
+    np.testing.assert_array_equal(y, x + 1)  # The stream is consecutive numbers.
+    np.testing.assert_array_equal(data.LanguageModelBatches(stream, 16, 4, 3, seed=0)[0][0], x)
+    batches.on_epoch_end()
+    assert not np.array_equal(batches[0][0], x)
+    with pytest.raises(ValueError, match="sequence_length"):
+        data.LanguageModelBatches(np.arange(10), 16, 4, 3)
+
+
+def test_array_batches_cycle_through_every_example():
+    inputs = {"ids": np.arange(10)[:, None]}
+    batches = data.ArrayBatches(inputs, np.arange(10), np.ones(10), batch_size=5, steps=2, seed=0)
+    seen = np.concatenate([batches[i][0]["ids"][:, 0] for i in range(2)])
+    assert sorted(seen) == list(range(10))
+    x, y, w = batches[1]
+    np.testing.assert_array_equal(x["ids"][:, 0], y)
+
+
+def test_pipeline_feeds_fit_on_this_backend():
+    from kerasformer.models import from_preset
+
+    batches = data.LanguageModelBatches(np.random.default_rng(0).integers(1, 50, 5000), 16, 8, 4)
+    model = from_preset("gpt2-tiny", vocab_size=50)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(batches, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert to_numpy(model(batches[0][0])).shape == (8, 16, 50)
