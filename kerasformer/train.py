@@ -260,11 +260,14 @@ def train(config):
         jit_compile={"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()],
     )
     csv_path = os.path.join(config.run_dir, "log.csv")
+    # The backup goes last: once it records an epoch, that epoch's log row and
+    # checkpoint are already written, so a run killed at any point resumes
+    # with a complete log.
     callbacks = [
-        keras.callbacks.BackupAndRestore(os.path.join(config.run_dir, "backup"), delete_checkpoint=False),
-        keras.callbacks.ModelCheckpoint(os.path.join(config.run_dir, "checkpoint.keras")),
         keras.callbacks.CSVLogger(csv_path, append=True),
         _LossPlot(csv_path, os.path.join(config.run_dir, "loss.png")),
+        keras.callbacks.ModelCheckpoint(os.path.join(config.run_dir, "checkpoint.keras")),
+        keras.callbacks.BackupAndRestore(os.path.join(config.run_dir, "backup"), delete_checkpoint=False),
     ]
     # One epoch is `checkpoint_every` steps: a checkpoint, a backup, a validation.
     model.fit(
