@@ -141,3 +141,14 @@ def test_bad_arguments_are_named():
         generate(model, [1, 2, 3])
     with pytest.raises(ValueError, match="model"):
         generate(keras.Sequential([keras.layers.Dense(2)]), [[1]])
+
+
+def test_generation_follows_weight_updates_after_compiling():
+    model = gpt()
+    prompts = [[5, 6, 7]]
+    generate(model, prompts, max_new_tokens=5)  # Compiles (or traces) with the first weights.
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    sequences = np.random.default_rng(1).integers(1, VOCAB, (8, 9))
+    model.fit(sequences[:, :-1], sequences[:, 1:], epochs=3, verbose=0)  # Changes every weight.
+    out = generate(model, prompts, max_new_tokens=5)
+    assert list(out[0]) == greedy_by_full_passes(model, prompts[0], 5)
