@@ -45,7 +45,7 @@ class TrainConfig:
     checkpoint_every: int = 100  # Steps between checkpoints, backups and validation.
     validation_steps: int = 20
     precision: str = "fp32"  # fp32, or bf16 (mixed_bfloat16).
-    jit_compile: str = "auto"  # "auto", or "true" / "false".
+    jit_compile: str = "auto"  # "auto" (XLA on TF and JAX, eager torch), or "true" / "false".
     seed: int = 0
     overrides: dict = field(default_factory=dict)  # Extra preset arguments.
 
@@ -238,6 +238,23 @@ def plot_losses(csv_path, png_path):
     return True
 
 
+def resolve_jit_compile(value):
+    """The `compile(jit_compile=...)` value for "auto", "true" or "false".
+
+    Keras's own "auto" turns XLA off for TensorFlow on machines without a GPU;
+    our models compile under XLA on CPU too, and train ~1.7x faster there
+    (nanoGPT's Shakespeare config, 2 cores: 101 vs 173 ms/step). On JAX and
+    torch "auto" is Keras's choice: `jax.jit`, and eager torch (`True` there
+    means `torch.compile`).
+    """
+    choice = str(value).lower()
+    if choice not in ("auto", "true", "false"):
+        raise ValueError(f"`jit_compile` must be 'auto', 'true' or 'false', got {value!r}.")
+    if choice != "auto":
+        return choice == "true"
+    return True if keras.backend.backend() == "tensorflow" else "auto"  # Keras's "auto": XLA on JAX, eager torch.
+
+
 def train(config):
     """Runs (or resumes) the training run of `config`; returns its evaluation dict."""
     if config.precision not in ("fp32", "bf16"):
@@ -257,7 +274,7 @@ def train(config):
         optimizer=make_optimizer(model, config),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"] if weighted else None,
-        jit_compile={"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()],
+        jit_compile=resolve_jit_compile(config.jit_compile),
     )
     csv_path = os.path.join(config.run_dir, "log.csv")
     # The backup goes last: once it records an epoch, that epoch's log row and

@@ -12,7 +12,7 @@ import keras
 import pytest
 
 from kerasformer.cli import generate_text
-from kerasformer.train import TrainConfig, load_run, make_optimizer, train
+from kerasformer.train import TrainConfig, load_run, make_optimizer, resolve_jit_compile, train
 from kerasformer.models import from_preset
 
 TINY = ["--steps", "40", "--checkpoint-every", "10", "--batch-size", "8", "--sequence-length", "32",
@@ -99,3 +99,15 @@ def test_bad_settings_are_named():
         train(TrainConfig(steps=25, checkpoint_every=10))
     with pytest.raises(ValueError, match="precision"):
         train(TrainConfig(precision="fp8"))
+    with pytest.raises(ValueError, match="jit_compile"):
+        resolve_jit_compile("sometimes")
+
+
+def test_auto_jit_compiles_with_xla_on_tensorflow_and_jax():
+    # Keras's own "auto" leaves TensorFlow eager-graph on CPU-only machines.
+    expected = {"tensorflow": True, "jax": "auto", "torch": "auto"}[keras.backend.backend()]
+    assert resolve_jit_compile("auto") == expected
+    assert resolve_jit_compile("false") is False and resolve_jit_compile("TRUE") is True
+    model = from_preset("gpt2-tiny", vocab_size=50, num_layers=1)
+    model.compile(optimizer="adam", loss="mse", jit_compile=resolve_jit_compile("auto"))
+    assert model.jit_compile is (keras.backend.backend() != "torch")
