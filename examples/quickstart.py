@@ -9,6 +9,7 @@ import keras
 
 from kerasformer import data
 from kerasformer.generate import generate
+from kerasformer.losses import TokenCrossEntropy
 from kerasformer.models import from_preset
 
 parser = argparse.ArgumentParser()
@@ -20,7 +21,7 @@ tokenizer = data.train_tokenizer("char", [text])  # KerasHub's character tokeniz
 batches = data.LanguageModelBatches(data.encode(tokenizer, text), 64, batch_size=16, steps=args.steps)
 
 model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
-model.compile(optimizer=keras.optimizers.AdamW(3e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.compile(optimizer=keras.optimizers.AdamW(3e-3), loss=TokenCrossEntropy())
 model.fit(batches, epochs=1)
 
 prompt = data.encode(tokenizer, "the old cat")

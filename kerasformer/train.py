@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from kerasformer import data
+from kerasformer.losses import TokenCrossEntropy
 
 TASKS = ("gpt", "bert", "t5", "transformer")
 DEFAULT_PRESETS = {"gpt": "gpt2-tiny", "bert": "bert-tiny", "t5": "t5-tiny", "transformer": "transformer-tiny"}
@@ -272,7 +273,7 @@ def train(config):
     weighted = config.task != "gpt"
     model.compile(
         optimizer=make_optimizer(model, config),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=TokenCrossEntropy(),
         weighted_metrics=["accuracy"] if weighted else None,
         jit_compile=resolve_jit_compile(config.jit_compile),
     )
