@@ -233,7 +233,7 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
     result = generator._loop(
         body, tf.zeros([batch, 1], tf.int32), buffer, prompt_mask, limits,
         _noise(batch, total, seed), tf.reduce_min(lengths), tf.constant([-1], tf.int32),
-    )
+    )[0]
     # The new tokens of each row, after its own prompt.
     positions = lengths[:, None] + tf.range(max_new_tokens)[None, :]
     return tf.gather(result, positions, batch_dims=1)
@@ -254,7 +254,7 @@ def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, tempera
     result = generator._loop(
         body, encoder_token_ids, buffer, prompt_mask, limits,
         _noise(batch, total, seed), tf.constant(1), tf.constant([-1], tf.int32),
-    )
+    )[0]
     return result[:, 1:]
 
 

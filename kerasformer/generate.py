@@ -2,6 +2,7 @@
 
     new_ids = generate(gpt, [[5, 6, 7], [8, 9]], max_new_tokens=20, temperature=0.8, top_k=40, seed=1)
     new_ids = generate(t5, encoder_token_ids, max_new_tokens=20)
+    new_ids = generate(t5, encoder_token_ids, max_new_tokens=20, num_beams=4)
 
 The whole loop (prefill, then one token per step through the cache) is a
 `keras.ops.while_loop`, compiled by `jax.jit` on JAX and by
@@ -71,7 +72,7 @@ def sample_tokens(logits, noise, temperature=0.0, top_k=None, top_p=None, greedy
 
 
 def _loop_body(step, sampling, pad_token_id):
-    """One generation step, as the body of a `while_loop` over `(index, token_ids, done, cache)`.
+    """One generation step, as the body of a `while_loop` over `(index, token_ids, done, cache, scores)`.
 
     `step(ids (B, 1), index, cache, context)` returns the logits `(B, 1, V)`
     of the token at `index` and the updated cache. `inputs` holds what
@@ -80,7 +81,7 @@ def _loop_body(step, sampling, pad_token_id):
     stop token, and is padded from there on.
     """
 
-    def body(index, token_ids, done, cache, inputs):
+    def body(index, token_ids, done, cache, scores, inputs):
         prompt_mask, limits, noise, stop_token_ids, context = inputs
         batch = ops.shape(token_ids)[0]
         previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # (B, 1)
@@ -94,7 +95,52 @@ def _loop_body(step, sampling, pad_token_id):
         stopped = ops.any(chosen[:, None] == stop_token_ids[None, :], axis=-1)
         finished = ops.logical_and(ops.logical_not(in_prompt), stopped)
         done = ops.logical_or(ops.logical_or(done, finished), index + 1 >= limits)
-        return index + 1, token_ids, done, cache
+        return index + 1, token_ids, done, cache, scores
+
+    return body
+
+
+_IMPOSSIBLE = -1e9  # Log-probability of a token a row may not take (finite: no inf - inf).
+
+
+def _beam_body(step, num_beams, pad_token_id):
+    """One beam-search step over rows `(B * K)`: K beams per example, best first.
+
+    Every beam proposes its V continuations; each example keeps the K best
+    sums of log-probabilities among its K * V candidates, and the beams'
+    tokens and caches are gathered from the beams they extend. A beam that
+    has emitted a stop token (or reached its limit) proposes only padding, at
+    no cost, so it keeps its score and its slot while it stays among the best.
+    Prompt positions force the prompt's token. Beam scores start at
+    `(0, -1e9, ...)`, so the K identical copies of a prompt branch only once.
+    """
+
+    def body(index, token_ids, done, cache, scores, inputs):
+        prompt_mask, limits, noise, stop_token_ids, context = inputs
+        rows = ops.shape(token_ids)[0]  # B * K
+        previous = ops.slice(token_ids, (0, index - 1), (rows, 1))  # (B*K, 1)
+        logits, cache = step(previous, index - 1, cache, context)  # (B*K, 1, V)
+        log_probs = ops.log_softmax(ops.cast(logits[:, 0], "float32"), axis=-1)  # (B*K, V)
+        vocab_size = log_probs.shape[-1]
+        in_prompt = ops.take(prompt_mask, index, axis=1)  # (B*K,)
+        fixed = ops.where(in_prompt, ops.take(token_ids, index, axis=1), pad_token_id)  # (B*K,)
+        forced = ops.where(ops.arange(vocab_size)[None, :] == fixed[:, None], 0.0, _IMPOSSIBLE)  # (B*K, V)
+        log_probs = ops.where(ops.logical_or(in_prompt, done)[:, None], forced, log_probs)
+        candidates = ops.reshape(scores, (-1, 1)) + log_probs  # (B*K, V)
+        candidates = ops.reshape(candidates, (-1, num_beams * vocab_size))  # (B, K*V)
+        scores, best = ops.top_k(candidates, num_beams)  # (B, K), sorted
+        origin = ops.floor_divide(best, vocab_size)  # (B, K) beam each one extends
+        chosen = ops.reshape(ops.mod(best, vocab_size), (-1,))  # (B*K,)
+        examples = ops.shape(scores)[0]
+        source = ops.reshape(ops.arange(examples)[:, None] * num_beams + origin, (-1,))  # (B*K,)
+        token_ids = ops.take(token_ids, source, axis=0)  # (B*K, L)
+        cache = tuple(ops.take(layer, source, axis=0) for layer in cache)  # (B*K, 2, S, K, D) each
+        done = ops.take(done, source, axis=0)
+        token_ids = ops.slice_update(token_ids, (0, index), ops.cast(chosen, "int32")[:, None])
+        stopped = ops.any(chosen[:, None] == stop_token_ids[None, :], axis=-1)
+        finished = ops.logical_and(ops.logical_not(in_prompt), stopped)
+        done = ops.logical_or(ops.logical_or(done, finished), index + 1 >= limits)
+        return index + 1, token_ids, done, cache, scores
 
     return body
 
@@ -115,8 +161,8 @@ class _TorchBody:
                 super().__init__()
                 self.model = model  # Registers the parameters with the trace.
 
-            def forward(self, index, token_ids, done, cache, inputs):
-                return body(index, token_ids, done, cache, inputs)
+            def forward(self, index, token_ids, done, cache, scores, inputs):
+                return body(index, token_ids, done, cache, scores, inputs)
 
         self.module = Body(model)
         self.model = model
@@ -189,10 +235,19 @@ class Generator:
 
         return step
 
-    def _loop(self, body, encoder_token_ids, token_ids, prompt_mask, limits, noise, start, stop_token_ids):
-        """Prefill, then `body` until every row is done."""
+    def _loop(self, body, encoder_token_ids, token_ids, prompt_mask, limits, noise, start, stop_token_ids, num_beams=1):
+        """Prefill, then `body` until every row is done; returns `(token_ids, scores)`.
+
+        With `num_beams` K > 1 every example becomes K rows (its beams);
+        `token_ids` is then `(B*K, L)` and `scores` `(B, K)`.
+        """
         self.trace_count += 1
         model = self.model
+        examples = ops.shape(token_ids)[0]
+        if num_beams > 1:
+            repeat = lambda x: ops.repeat(x, num_beams, axis=0)  # noqa: E731
+            token_ids, prompt_mask, limits, noise = map(repeat, (token_ids, prompt_mask, limits, noise))
+            encoder_token_ids = repeat(encoder_token_ids)
         batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]  # Dynamic when exported.
         cache = model.empty_cache(batch, length)
         if self.kind == "decoder":
@@ -203,28 +258,35 @@ class Generator:
             context = (encoder_mask, model.cross_attention_cache(encoder_outputs))
         inputs = (prompt_mask, limits, noise, stop_token_ids, context)
         done = ops.zeros((batch,), "bool")
+        first_beam = ops.arange(num_beams) == 0
+        scores = ops.cast(ops.where(first_beam, 0.0, _IMPOSSIBLE), "float32")
+        scores = ops.tile(scores[None, :], (examples, 1))  # (B, K) summed log-probabilities
 
-        def cond(index, token_ids, done, cache):
+        def cond(index, token_ids, done, cache, scores):
             return ops.logical_and(index < length, ops.logical_not(ops.all(done)))
 
-        state = (start, token_ids, done, cache)
+        state = (start, token_ids, done, cache, scores)
         if self._torch_body is not None:  # PyTorch: a Python loop over the traced body.
             while bool(cond(*state)):
                 state = self._torch_body(*state, inputs)
         else:
             state = ops.while_loop(cond, lambda *state: body(*state, inputs), state)
-        return state[1]
+        return state[1], state[4]
 
     # Compilation per backend ------------------------------------------------
 
-    def _function(self, sampling_key, sampling):
-        if sampling_key in self._compiled:
-            return self._compiled[sampling_key]
+    def _function(self, sampling_key, sampling, num_beams=1):
+        key = (sampling_key, num_beams)
+        if key in self._compiled:
+            return self._compiled[key]
         pad_token_id = 0 if self.kind == "decoder" else self.model.pad_token_id
-        body = _loop_body(self._step(), sampling, pad_token_id)
+        if num_beams > 1:
+            body = _beam_body(self._step(), num_beams, pad_token_id)
+        else:
+            body = _loop_body(self._step(), sampling, pad_token_id)
 
         def run(*args):
-            return self._loop(body, *args)
+            return self._loop(body, *args, num_beams=num_beams)
 
         backend = keras.backend.backend()
         if backend == "jax":
@@ -256,7 +318,7 @@ class Generator:
                 finally:
                     self._torch_body = None
 
-        self._compiled[sampling_key] = function
+        self._compiled[key] = function
         return function
 
     def __call__(
@@ -269,10 +331,19 @@ class Generator:
         stop_token_ids=(),
         seed=None,
         start_token_id=None,
+        num_beams=1,
+        length_penalty=1.0,
     ):
         """See `generate`."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"`max_new_tokens` must be a positive int, got {max_new_tokens!r}.")
+        if not isinstance(num_beams, int) or num_beams < 1:
+            raise ValueError(f"`num_beams` must be a positive int, got {num_beams!r}.")
+        if num_beams > 1 and (temperature or top_k or top_p not in (None, 1.0)):
+            raise ValueError(
+                "Beam search is deterministic: with `num_beams` > 1 leave `temperature` at 0 "
+                "and `top_k` / `top_p` unset."
+            )
         if temperature < 0:
             raise ValueError(f"`temperature` must be >= 0, got {temperature}.")
         if top_k is not None and top_k < 0:
@@ -324,10 +395,27 @@ class Generator:
         prompt_mask = np.arange(total)[None, :] < lengths[:, None]
         limits = (lengths + max_new_tokens).astype("int32")
         noise = np.random.default_rng(seed).random((len(lengths), total), dtype=np.float32)
-        function = self._function((greedy, use_top_k, use_top_p), sampling)
-        result = function(encoder_ids, token_ids, prompt_mask, limits, noise, start, stop)
+        function = self._function((greedy, use_top_k, use_top_p), sampling, num_beams)
+        result, scores = function(encoder_ids, token_ids, prompt_mask, limits, noise, start, stop)
         result = keras.ops.convert_to_numpy(result)
-        return np.stack([result[row, n : n + max_new_tokens] for row, n in enumerate(lengths)])
+        new = np.stack([result[row, n : n + max_new_tokens] for row, n in enumerate(np.repeat(lengths, num_beams))])
+        if num_beams == 1:
+            return new
+        return _best_beams(new, keras.ops.convert_to_numpy(scores), stop, length_penalty)
+
+
+def _best_beams(new, scores, stop, length_penalty):
+    """Each example's best beam by `score / generated_length ** length_penalty`.
+
+    `new` is `(B*K, N)` new tokens, `scores` `(B, K)` summed log-probabilities.
+    A beam's length counts its tokens up to and including its stop token.
+    """
+    examples, num_beams = scores.shape
+    new = new.reshape(examples, num_beams, -1)  # (B, K, N)
+    stops = np.isin(new, stop)
+    lengths = np.where(stops.any(-1), stops.argmax(-1) + 1, new.shape[-1])  # (B, K)
+    best = np.argmax(scores / lengths.astype("float32") ** length_penalty, axis=-1)  # (B,)
+    return new[np.arange(examples), best]
 
 
 def _as_rows(inputs, name):
@@ -357,6 +445,11 @@ def generate(model, inputs, max_new_tokens=32, **options):
         seed: seeds the sampling; the same seed gives the same tokens.
         start_token_id: first decoder token of T5/Transformer (default: the
             pad id, as T5 does).
+        num_beams: beam search with this many beams per example (1: off).
+            Deterministic; cannot be combined with sampling options.
+        length_penalty: beam search picks the beam with the best
+            `log-probability / length ** length_penalty` (Hugging Face's rule;
+            > 0 favours longer outputs).
 
     Returns:
         `(B, max_new_tokens)` int32 numpy array of new tokens (without the

@@ -66,6 +66,7 @@ def make_optimizer(model, config):
         weight_decay=config.weight_decay,
         beta_1=config.beta_1,
         beta_2=config.beta_2,
+        epsilon=1e-8,  # PyTorch's and nanoGPT's (Keras: 1e-7).
         global_clipnorm=config.clipnorm or None,
     )
     optimizer.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) < 2])

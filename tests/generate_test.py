@@ -152,3 +152,101 @@ def test_generation_follows_weight_updates_after_compiling():
     model.fit(sequences[:, :-1], sequences[:, 1:], epochs=3, verbose=0)  # Changes every weight.
     out = generate(model, prompts, max_new_tokens=5)
     assert list(out[0]) == greedy_by_full_passes(model, prompts[0], 5)
+
+
+# Beam search ----------------------------------------------------------------
+
+
+def beam_search_by_full_passes(model, prompt, steps, num_beams, stop=(), length_penalty=1.0):
+    """Beam search in numpy over full forward passes (no cache), as documented in `generate`."""
+    beams = [(list(prompt), 0.0, False)]
+    for _ in range(steps):
+        candidates = []
+        for tokens, score, done in beams:
+            if done:  # A finished beam proposes padding at no cost.
+                candidates.append((tokens + [0], score, True))
+                continue
+            logits = to_numpy(model(np.array([tokens], "int32")))[0, -1].astype("float64")
+            log_probs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            for token in np.argsort(-log_probs)[:num_beams]:
+                candidates.append((tokens + [int(token)], score + log_probs[token], int(token) in stop))
+        beams = sorted(candidates, key=lambda beam: -beam[1])[:num_beams]
+    new = [beam[0][len(prompt):] for beam in beams]
+    lengths = [next((i + 1 for i, t in enumerate(n) if t in stop), len(n)) for n in new]
+    return new[int(np.argmax([b[1] / n**length_penalty for b, n in zip(beams, lengths)]))]
+
+
+def chaotic_hf(hf, std=0.3):
+    """Large random weights: peaked, varied next-token distributions (no near-ties)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in hf.parameters():
+            if parameter.dim() >= 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * std)
+    return hf
+
+
+def test_gpt2_beam_search_equals_transformers_for_ragged_prompts():
+    import torch
+
+    from kerasformer.convert import from_huggingface
+    from tests.models.convert_test import tiny_gpt2
+
+    hf = chaotic_hf(tiny_gpt2())
+    model = from_huggingface(hf)
+    prompts = [[5, 17, 33, 2, 80], [44, 9, 61]]
+    ours = generate(model, prompts, max_new_tokens=10, num_beams=4)
+    for prompt, row in zip(prompts, ours):
+        reference = hf.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            num_beams=4, do_sample=False, max_new_tokens=10, eos_token_id=None, pad_token_id=0,
+        )[0, len(prompt):]
+        np.testing.assert_array_equal(row, reference.numpy())
+    assert not np.array_equal(ours, generate(model, prompts, max_new_tokens=10))  # Beams change the result.
+
+
+def test_t5_beam_search_equals_transformers():
+    import torch
+
+    from kerasformer.convert import from_huggingface
+    from tests.models.convert_test import tiny_t5
+
+    hf = chaotic_hf(tiny_t5())
+    model = from_huggingface(hf)
+    sources = np.random.default_rng(1).integers(2, 103, (3, 7)).astype("int32")
+    reference = hf.generate(
+        torch.tensor(sources, dtype=torch.long), num_beams=3, do_sample=False, max_new_tokens=8,
+        eos_token_id=None, decoder_start_token_id=0,
+    )[:, 1:]
+    np.testing.assert_array_equal(generate(model, sources, max_new_tokens=8, num_beams=3), reference.numpy())
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 2.0])
+def test_beam_search_with_stop_tokens_equals_numpy_full_passes(length_penalty):
+    model = gpt()
+    kernel = model.token_embedding.embeddings
+    kernel.assign(np.random.default_rng(0).normal(0, 0.5, kernel.shape).astype("float32"))  # Peaked.
+    prompts = [[3, 4, 5], [6, 7]]
+    free = generate(model, prompts, max_new_tokens=7, num_beams=3)
+    stop = [int(free[0, 2]), int(free[1, 4])]  # Tokens the beams do reach.
+    ours = generate(model, prompts, max_new_tokens=7, num_beams=3, stop_token_ids=stop, length_penalty=length_penalty)
+    for prompt, row in zip(prompts, ours):
+        assert list(row) == beam_search_by_full_passes(model, prompt, 7, 3, stop, length_penalty)
+        ended = [i for i, t in enumerate(row) if t in stop]
+        if ended:
+            assert np.all(row[ended[0] + 1 :] == 0)  # Padding after the stop token.
+
+
+def test_beam_search_compiles_once_and_rejects_sampling_options():
+    model = gpt()
+    generator = Generator(model)
+    generator([[1, 2, 3]], max_new_tokens=4, num_beams=2)
+    generator([[4, 5, 6]], max_new_tokens=4, num_beams=2)
+    if BACKEND != "torch":
+        assert generator.trace_count == 1
+    with pytest.raises(ValueError, match="num_beams"):
+        generate(model, [[1, 2]], num_beams=0)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, [[1, 2]], num_beams=2, temperature=0.8)

@@ -80,7 +80,7 @@ class GPT(TransformerModel):
     ):
         config = constructor_arguments(locals(), GPT)
         check_choice("position_type", position_type, POSITION_TYPES)
-        initializer = keras.initializers.TruncatedNormal(stddev=0.02)
+        initializer = keras.initializers.RandomNormal(stddev=0.02)  # GPT-2, nanoGPT: N(0, 0.02)
         position_embedding = position_layer(position_type, max_sequence_length, initializer)
         parts = SimpleNamespace(
             token_embedding=TokenEmbedding(
@@ -119,7 +119,7 @@ class GPT(TransformerModel):
             setattr(self, name, value)
         # GPT-2 scales the init of the projections that feed the residual
         # stream by 1/sqrt(2 * layers), so the stream's variance stays ~1.
-        residual_init = keras.initializers.TruncatedNormal(stddev=0.02 / (2 * num_layers) ** 0.5)
+        residual_init = keras.initializers.RandomNormal(stddev=0.02 / (2 * num_layers) ** 0.5)
         for block in self.blocks:
             for dense in (block.self_attention.sublayer.output_dense, block.feedforward.sublayer.output_dense):
                 dense.kernel.assign(residual_init(dense.kernel.shape))
