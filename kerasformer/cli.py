@@ -34,6 +34,7 @@ def _generate_parser(subparsers):
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (greedy: 1)")
 
 
 def _export_parser(subparsers):
@@ -90,6 +91,7 @@ def main(argv=None):
             generate_text(
                 args.run_dir, args.prompt, args.max_new_tokens,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                num_beams=args.num_beams,
             )
         )
     elif args.command == "export":

@@ -52,6 +52,8 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path):
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
     text = generate_text(str(run_dir), "the cat", max_new_tokens=10)
     assert text.startswith("the cat") and len(text) > len("the cat")
+    beams = generate_text(str(run_dir), "the cat", max_new_tokens=10, num_beams=3)
+    assert beams.startswith("the cat") and len(beams) > len("the cat")
 
 
 def test_a_killed_run_resumes_where_it_stopped(tmp_path):
