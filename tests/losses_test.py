@@ -58,3 +58,19 @@ def test_round_trips_through_config():
     loss = TokenCrossEntropy(name="lm", reduction="sum")
     clone = TokenCrossEntropy.from_config(loss.get_config())
     assert (clone.name, clone.reduction) == ("lm", "sum")
+
+
+def test_a_model_compiled_with_it_loads_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    from kerasformer.models import GPT
+
+    model = GPT(vocab_size=20, num_layers=1, num_heads=2, hidden_dim=8)
+    model.compile(optimizer="adamw", loss=TokenCrossEntropy())
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    code = f"import keras, kerasformer.models; print(type(keras.saving.load_model({path!r}).loss).__name__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("TokenCrossEntropy")
