@@ -11,13 +11,15 @@ these figures.
 
 import argparse
 import os
-import time
+import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from common import median_seconds  # noqa: E402
 from kerasformer.layers import MultiHeadAttention  # noqa: E402
 
 
@@ -59,14 +61,8 @@ def make_step(layer, fused, q, k, v):
 
 
 def time_step(step, repeats):
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+    """Median milliseconds of `step()` after three warm-up calls (compilation)."""
+    return 1e3 * median_seconds(step, repeats, warmup=3)
 
 
 def main():

@@ -247,7 +247,6 @@ class Generator:
         if num_beams > 1:
             repeat = lambda x: ops.repeat(x, num_beams, axis=0)  # noqa: E731
             token_ids, prompt_mask, limits, noise = map(repeat, (token_ids, prompt_mask, limits, noise))
-            encoder_token_ids = repeat(encoder_token_ids)
         batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]  # Dynamic when exported.
         cache = model.empty_cache(batch, length)
         if self.kind == "decoder":
@@ -256,6 +255,8 @@ class Generator:
         else:
             encoder_outputs, encoder_mask = model.encode(encoder_token_ids)
             context = (encoder_mask, model.cross_attention_cache(encoder_outputs))
+            if num_beams > 1:  # Encoded once per example; its beams share it.
+                context = keras.tree.map_structure(repeat, context)
         inputs = (prompt_mask, limits, noise, stop_token_ids, context)
         done = ops.zeros((batch,), "bool")
         first_beam = ops.arange(num_beams) == 0
