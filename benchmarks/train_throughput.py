@@ -5,7 +5,8 @@ AdamW, `fit` compiled as `kerasformer train` does it (XLA on TF and JAX, eager
 torch) for both models, each with its library's training loss. Times alternating
 rounds of both models and prints the best training tokens/s of each, their
 ratio, and the model-FLOPs utilization: tokens/s x FLOPs/token (6N + 12 L T d,
-as nanoGPT counts) over this machine's measured fp32 matmul rate (numpy, 2048 x 2048), and over the backend's own matmul rate.
+as nanoGPT counts) over this machine's measured fp32 matmul rate (numpy,
+2048 x 2048), and over the backend's own matmul rate.
 
     python benchmarks/train_throughput.py --all
 """
@@ -36,7 +37,7 @@ def matmul_rate(matmul, size=2048, repeats=5):
     return best
 
 
-def compile_and_warm_up(model, inputs, labels, loss):
+def compile_and_warm_up(model, batches, loss):
     """Compiles `fit` as `kerasformer train` does and runs a few steps (tracing, XLA)."""
     import keras
 
@@ -44,15 +45,28 @@ def compile_and_warm_up(model, inputs, labels, loss):
 
     jit_compile = resolve_jit_compile("auto")  # XLA on TF and JAX for both models.
     model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss, jit_compile=jit_compile)
-    model.fit(inputs, labels, batch_size=CONFIG["batch"], epochs=1, steps_per_epoch=3, verbose=0)
+    model.fit(batches, epochs=1, steps_per_epoch=3, verbose=0)
 
 
-def tokens_per_second(model, inputs, labels, steps):
+def tokens_per_second(model, batches, steps):
     """Training tokens/s of one timed `fit` of `steps` steps."""
-    batch = CONFIG["batch"]
     start = time.perf_counter()
-    model.fit(inputs, labels, batch_size=batch, epochs=1, steps_per_epoch=steps, verbose=0)
-    return steps * batch * CONFIG["length"] / (time.perf_counter() - start)
+    model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
+    return steps * CONFIG["batch"] * CONFIG["length"] / (time.perf_counter() - start)
+
+
+def keras_hub_batches(inputs, labels):
+    """KerasHub's input path: its tasks turn any input into a tf.data pipeline.
+
+    Without tf.data's autotuner, which stalled half of all processes by ~0.3 s
+    per step on 2 cores (see `kerasformer.data.default_workers`).
+    """
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(CONFIG["batch"]).repeat()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def main():
@@ -72,6 +86,7 @@ def main():
     import keras
     import keras_hub
 
+    from kerasformer.data import ArrayBatches
     from kerasformer.losses import TokenCrossEntropy
     from kerasformer.models import GPT
 
@@ -86,17 +101,20 @@ def main():
         hidden_dim=c["hidden_dim"], intermediate_dim=4 * c["hidden_dim"], max_sequence_length=c["length"], dropout=0.0,
     )
     theirs = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    their_inputs = {"token_ids": x, "padding_mask": np.ones_like(x, bool)}
+    # Each library's input path, both free of tf.data's autotune stall:
+    # `kerasformer train`'s batches, and a tf.data pipeline for KerasHub.
+    ours_batches = ArrayBatches(x, y, batch_size=c["batch"], steps=args.steps)
+    their_batches = keras_hub_batches({"token_ids": x, "padding_mask": np.ones_like(x, bool)}, y)
     # Each library's own training loss: what `kerasformer train` and
     # `GPT2CausalLM.compile()` use (the values are equal; see losses.py).
-    compile_and_warm_up(ours, x, y, TokenCrossEntropy())
-    compile_and_warm_up(theirs, their_inputs, y, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    compile_and_warm_up(ours, ours_batches, TokenCrossEntropy())
+    compile_and_warm_up(theirs, their_batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     # Alternating rounds, best of each: a background hiccup in one round
     # cannot decide the ratio.
     ours_rate = theirs_rate = 0.0
     for _ in range(args.rounds):
-        ours_rate = max(ours_rate, tokens_per_second(ours, x, y, args.steps))
-        theirs_rate = max(theirs_rate, tokens_per_second(theirs, their_inputs, y, args.steps))
+        ours_rate = max(ours_rate, tokens_per_second(ours, ours_batches, args.steps))
+        theirs_rate = max(theirs_rate, tokens_per_second(theirs, their_batches, args.steps))
 
     non_position_params = ours.count_params() - c["length"] * c["hidden_dim"]
     flops_per_token = 6 * non_position_params + 12 * c["num_layers"] * c["length"] * c["hidden_dim"]

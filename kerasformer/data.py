@@ -258,7 +258,26 @@ def seq2seq_arrays(sources, targets, start_id, end_id, source_length=None, targe
     return {"encoder_token_ids": encoder, "decoder_token_ids": decoder}, labels, weights
 
 
-class LanguageModelBatches(keras.utils.PyDataset):
+def default_workers():
+    """Threads that prepare batches ahead of the training step: 2 on TF, else 1.
+
+    On TensorFlow, Keras feeds a single-worker `PyDataset` through tf.data
+    with an autotuned prefetch; on a 2-core machine that autotuner stalled
+    about half of all training processes by ~0.3 s per step (1.45x slower,
+    GPT of `benchmarks/train_throughput.py`). With 2 workers Keras prefetches
+    in threads and turns the autotuner off. JAX and torch read the batches
+    directly.
+    """
+    return 2 if keras.backend.backend() == "tensorflow" else 1
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, **kwargs):
+        kwargs.setdefault("workers", default_workers())
+        super().__init__(**kwargs)
+
+
+class LanguageModelBatches(_Batches):
     """Random windows of a token stream (nanoGPT's `get_batch`), for `fit`.
 
     Each item is `(x, y)` with `x = stream[i : i + T]`, `y = stream[i+1 : i+T+1]`
@@ -271,6 +290,8 @@ class LanguageModelBatches(keras.utils.PyDataset):
         batch_size: rows per batch.
         steps: batches per epoch.
         seed: seed of the offsets.
+        **kwargs: `keras.utils.PyDataset` arguments; `workers` defaults to
+            `default_workers()`.
     """
 
     def __init__(self, stream, sequence_length, batch_size, steps, seed=0, **kwargs):
@@ -301,7 +322,7 @@ class LanguageModelBatches(keras.utils.PyDataset):
         return tokens[:, :-1], tokens[:, 1:]
 
 
-class ArrayBatches(keras.utils.PyDataset):
+class ArrayBatches(_Batches):
     """Shuffled batches of in-memory examples, `steps` per epoch, for `fit`.
 
     Args:
@@ -314,6 +335,8 @@ class ArrayBatches(keras.utils.PyDataset):
         transform: optional `f(inputs, labels, weights, seed) -> (inputs, labels, weights)`
             applied to each batch (e.g. fresh MLM masking).
         seed: seed of the shuffles and of `transform`.
+        **kwargs: `keras.utils.PyDataset` arguments; `workers` defaults to
+            `default_workers()`.
     """
 
     def __init__(self, inputs, labels, weights=None, batch_size=32, steps=None, transform=None, seed=0, **kwargs):
