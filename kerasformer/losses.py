@@ -28,5 +28,12 @@ class TokenCrossEntropy(keras.losses.Loss):
             y_true = ops.squeeze(y_true, axis=-1)
         y_true = ops.cast(y_true, "int32")
         rows = ops.reshape(y_pred, (-1, y_pred.shape[-1]))  # (N, V), vocabulary axis contiguous
-        losses = ops.sparse_categorical_crossentropy(ops.reshape(y_true, (-1,)), rows, from_logits=True)  # (N,)
+        labels = ops.reshape(y_true, (-1,))  # (N,)
+        if keras.backend.backend() == "jax":
+            # Keras's JAX version multiplies by a one-hot (N, V) matrix, forward
+            # and backward; logsumexp minus the picked logit skips both passes.
+            picked = ops.take_along_axis(rows, labels[:, None], axis=-1)[:, 0]  # (N,)
+            losses = ops.logsumexp(rows, axis=-1) - picked  # (N,)
+        else:  # TF and torch call their fused kernels.
+            losses = ops.sparse_categorical_crossentropy(labels, rows, from_logits=True)  # (N,)
         return ops.reshape(losses, ops.shape(y_true))  # (B, T)
