@@ -328,27 +328,26 @@ class MultiHeadAttention(keras.layers.Layer):
         for tensor in (query, value, key):
             set_keras_mask(tensor, None)
 
-        query_start = 0
-        if not precomputed and key is query and value is query:
+        if precomputed:
+            # Precomputed cross-attention keys/values.
+            q = _project(self.query_dense, query)  # (B, T, H, D)
+            k, v = cache[:, 0], cache[:, 1]  # (B, S, K, D)
+        elif key is query and value is query:
             q, k, v = _project_together(
                 (self.query_dense, self.key_dense, self.value_dense), query
             )  # (B, T, H, D), (B, T, K, D), (B, T, K, D)
         else:
             q = _project(self.query_dense, query)  # (B, T, H, D)
-        if precomputed:
-            # Precomputed cross-attention keys/values.
-            k, v = cache[:, 0], cache[:, 1]  # (B, S, K, D)
-        elif not (key is query and value is query):
             k = _project(self.key_dense, key)  # (B, S, K, D)
             v = _project(self.value_dense, value)  # (B, S, K, D)
-        if not precomputed:
-            if cache_update_index is not None:
-                if not self_attention:
-                    raise ValueError(
-                        "`cache_update_index` is for self-attention; for "
-                        "cross-attention pass a cache from `compute_cache`."
-                    )
-                query_start = cache_update_index
+        query_start = 0
+        if cache_update_index is not None and not precomputed:
+            if not self_attention:
+                raise ValueError(
+                    "`cache_update_index` is for self-attention; for "
+                    "cross-attention pass a cache from `compute_cache`."
+                )
+            query_start = cache_update_index
         if self.rotary is not None:
             q = self.rotary(q, start_index=query_start)  # (B, T, H, D)
             if not precomputed:
