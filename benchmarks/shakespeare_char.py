@@ -2,15 +2,23 @@
 
 4 layers, 4 heads, width 128, context 64, batch 12, 2000 steps, lr 1e-3
 cosine to 1e-4 after 100 warm-up steps, AdamW betas (0.9, 0.99), weight
-decay 0.1, dropout 0, no biases in the projections, first 90% of tinyshakespeare.txt for training and the
-last 10% for validation. nanoGPT reports a validation loss of 1.88 for this
-run; the script prints ours side by side, per backend.
+decay 0.1, dropout 0, no biases, first 90% of tinyshakespeare.txt for
+training and the last 10% for validation. nanoGPT reports a validation loss
+of 1.88 for this run (one run, measured on 20 batches).
 
-    python benchmarks/shakespeare_char.py --all [--data ../shared/data/tinyshakespeare.txt]
+The peer, in the same run: `transformers`' GPT-2 in torch, trained by
+nanoGPT's loop (its learning-rate function, torch AdamW with decay on
+matrices, gradient clipping at 1.0) on the same token stream, batches and
+validation batches. Each seed is a different initialization and batch order;
+the script prints every run and the means, ours over the peer's.
+
+    python benchmarks/shakespeare_char.py --all --seeds 0 1 2 [--data ../shared/data/tinyshakespeare.txt]
 """
 
 import argparse
+import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,48 +26,160 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from common import run_per_backend  # noqa: E402
+from common import BACKENDS  # noqa: E402
 
 NANOGPT_VAL_LOSS = 1.88
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "tinyshakespeare.txt")
+SETTINGS = dict(
+    batch_size=12, sequence_length=64, learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=100,
+    weight_decay=0.1, beta_1=0.9, beta_2=0.99, steps_per_epoch=500,
+)
+MODEL = dict(num_layers=4, num_heads=4, hidden_dim=128)
+
+
+def token_streams(path):
+    """`(train, validation, vocabulary_size)`: character ids, split 90/10 as nanoGPT does."""
+    from kerasformer import data
+
+    text = data.read_text(path)
+    tokenizer = data.train_tokenizer("char", [text])
+    train, validation = data.split(data.encode(tokenizer, text))
+    return train, validation, int(tokenizer.vocabulary_size())
+
+
+def train_ours(args, seed):
+    """Validation loss of `kerasformer train` with nanoGPT's settings."""
+    from kerasformer.train import TrainConfig, train
+
+    s = SETTINGS
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = TrainConfig(
+            task="gpt", preset="gpt2-tiny", data=args.data, tokenizer="char", run_dir=run_dir,
+            steps=args.steps, checkpoint_every=s["steps_per_epoch"], batch_size=s["batch_size"],
+            sequence_length=s["sequence_length"], learning_rate=s["learning_rate"],
+            min_learning_rate=s["min_learning_rate"], warmup_steps=s["warmup_steps"],
+            weight_decay=s["weight_decay"], beta_1=s["beta_1"], beta_2=s["beta_2"], dropout=0.0,
+            validation_steps=args.validation_batches, seed=seed,
+            overrides=dict(**MODEL, use_bias=False),  # nanoGPT's model for this run: no biases.
+        )
+        return train(config)["val_loss"]
+
+
+def train_peer(args, seed):
+    """Validation loss of `transformers`' GPT-2 trained by nanoGPT's loop (torch)."""
+    import torch
+    import transformers
+
+    from kerasformer.data import LanguageModelBatches
+
+    s = SETTINGS
+    train_stream, validation_stream, vocabulary_size = token_streams(args.data)
+    # The same batches as `kerasformer train` draws for this seed.
+    batches = LanguageModelBatches(train_stream, s["sequence_length"], s["batch_size"], s["steps_per_epoch"], seed=seed)
+    validation = LanguageModelBatches(
+        validation_stream, s["sequence_length"], s["batch_size"], args.validation_batches, seed=seed + 1
+    )
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=vocabulary_size, n_positions=128, n_embd=MODEL["hidden_dim"], n_layer=MODEL["num_layers"],
+        n_head=MODEL["num_heads"], activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5, bos_token_id=None, eos_token_id=None,
+    )
+    model = transformers.GPT2LMHeadModel(config)  # GPT-2's init, as nanoGPT's: N(0, 0.02), scaled c_proj.
+    for name, parameter in model.named_parameters():  # nanoGPT's `bias=False`.
+        if name.endswith(".bias"):
+            parameter.data.zero_()
+            parameter.requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(  # nanoGPT's `configure_optimizers`: decay on tensors of rank >= 2.
+        [
+            {"params": [p for p in trained if p.dim() >= 2], "weight_decay": s["weight_decay"]},
+            {"params": [p for p in trained if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=s["learning_rate"],
+        betas=(s["beta_1"], s["beta_2"]),
+    )
+
+    def learning_rate(step):  # nanoGPT's `get_lr`, decaying over all steps.
+        if step < s["warmup_steps"]:
+            return s["learning_rate"] * (step + 1) / (s["warmup_steps"] + 1)
+        ratio = (step - s["warmup_steps"]) / (args.steps - s["warmup_steps"])
+        coefficient = 0.5 * (1.0 + math.cos(math.pi * ratio))
+        return s["min_learning_rate"] + coefficient * (s["learning_rate"] - s["min_learning_rate"])
+
+    def loss_of(x, y):
+        logits = model(torch.from_numpy(x)).logits  # (B, T, V)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.from_numpy(y).long().flatten())
+
+    model.train()
+    for step in range(args.steps):
+        if step and step % s["steps_per_epoch"] == 0:
+            batches.on_epoch_end()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step)
+        loss = loss_of(*batches[step % s["steps_per_epoch"]])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad():
+        losses = [loss_of(*validation[i]).item() for i in range(len(validation))]
+    return round(sum(losses) / len(losses), 4)
+
+
+def run_seeds(args, train_function, label):
+    """Trains once per seed, prints each run; returns the losses."""
+    losses = []
+    for seed in args.seeds:
+        start = time.perf_counter()
+        loss = train_function(args, seed)
+        losses.append(loss)
+        print(f"RUN {label:10s} seed {seed}: val loss {loss:.4f}, {args.steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+    return losses
+
+
+def run_all(args):
+    """Every backend and the peer, each in its own process; prints the comparison."""
+    means = {}
+    for name in (*BACKENDS, "peer"):
+        env = {**os.environ, "KERAS_BACKEND": "torch" if name == "peer" else name, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        argv = [a for a in sys.argv[1:] if a != "--all"] + (["--peer"] if name == "peer" else [])
+        result = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
+        sys.stdout.write("".join(line + "\n" for line in result.stdout.splitlines() if line.startswith("RUN")))
+        if result.returncode:
+            sys.stderr.write(result.stderr[-3000:])
+            return False
+        losses = [float(line.split("val loss ")[1].split(",")[0]) for line in result.stdout.splitlines() if line.startswith("RUN")]
+        means[name] = sum(losses) / len(losses)
+    print(f"mean over seeds {args.seeds}: peer (transformers GPT-2, nanoGPT's loop) {means['peer']:.4f}; nanoGPT's README {NANOGPT_VAL_LOSS}")
+    for backend in BACKENDS:
+        print(
+            f"{backend:10s} kerasformer {means[backend]:.4f} | peer {means['peer']:.4f} | "
+            f"ratio {means[backend] / means['peer']:.3f} | vs nanoGPT's {NANOGPT_VAL_LOSS}: {means[backend] / NANOGPT_VAL_LOSS:.3f}",
+            flush=True,
+        )
+    return True
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--all", action="store_true", help="run every backend")
+    parser.add_argument("--all", action="store_true", help="run every backend and the peer")
+    parser.add_argument("--peer", action="store_true", help="run only the peer (transformers GPT-2, torch)")
     parser.add_argument("--data", default=DEFAULT_DATA)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--validation-batches", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0, help="initialization and batch order")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="initialization and batch order")
     args = parser.parse_args()
     if not os.path.isfile(args.data):
         sys.exit(f"No data at {args.data}; pass --data path/to/tinyshakespeare.txt")
+    if args.steps % SETTINGS["steps_per_epoch"]:
+        sys.exit(f"--steps must be a multiple of {SETTINGS['steps_per_epoch']}")
     if args.all:
-        sys.exit(0 if run_per_backend(__file__, sys.argv[1:]) else 1)
-
+        sys.exit(0 if run_all(args) else 1)
     import keras
 
-    from kerasformer.train import TrainConfig, train
-
-    with tempfile.TemporaryDirectory() as run_dir:
-        config = TrainConfig(
-            task="gpt", preset="gpt2-tiny", data=args.data, tokenizer="char", run_dir=run_dir,
-            steps=args.steps, checkpoint_every=args.steps // 4, batch_size=12, sequence_length=64,
-            learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=100, weight_decay=0.1,
-            beta_1=0.9, beta_2=0.99, dropout=0.0, validation_steps=args.validation_batches, seed=args.seed,
-            # nanoGPT's model for this run: no biases in the projections.
-            overrides=dict(num_layers=4, num_heads=4, hidden_dim=128, use_bias=False),
-        )
-        start = time.perf_counter()
-        results = train(config)
-        seconds = time.perf_counter() - start
-    loss = results["val_loss"]
-    verdict = "meets" if loss <= NANOGPT_VAL_LOSS else "misses"
-    print(
-        f"{keras.backend.backend():10s} val loss {loss:.4f} vs nanoGPT {NANOGPT_VAL_LOSS} "
-        f"(ratio {loss / NANOGPT_VAL_LOSS:.3f}, {verdict} the target), {args.steps} steps in {seconds:.0f} s",
-        flush=True,
-    )
+    run_seeds(args, train_peer if args.peer else train_ours, "peer" if args.peer else keras.backend.backend())
 
 
 if __name__ == "__main__":
