@@ -1,6 +1,7 @@
 """The position-wise feed-forward network, plain or gated (GLU variants)."""
 
 import keras
+from keras import ops
 
 # Activations by name; the tanh approximation of GELU is the one GPT-2 and
 # T5 v1.1 were trained with, the exact one is BERT's and torch's default.
@@ -97,13 +98,19 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         act = ACTIVATIONS[self.activation_name]
-        hidden = self.intermediate_dense(inputs)  # (B, T, F)
+        # 2-D matmuls: for the kernel gradients of 3-D ones, XLA on CPU copies
+        # each (B, T, .) activation into a transposed layout, slowly (JAX
+        # training step ~9% slower, measured on 2 cores).
+        lead = ops.shape(inputs)[:-1]
+        flat = ops.reshape(inputs, (-1, inputs.shape[-1]))  # (B*T, C)
+        hidden = self.intermediate_dense(flat)  # (B*T, F)
         if self.gated:
-            hidden = act(self.gate_dense(inputs)) * hidden  # (B, T, F)
+            hidden = act(self.gate_dense(flat)) * hidden  # (B*T, F)
         else:
-            hidden = act(hidden)  # (B, T, F)
+            hidden = act(hidden)  # (B*T, F)
         hidden = self.inner_dropout(hidden, training=training)
-        return self.output_dense(hidden)  # (B, T, C)
+        outputs = self.output_dense(hidden)  # (B*T, C)
+        return ops.reshape(outputs, (*lead, outputs.shape[-1]))  # (B, T, C)
 
     def get_config(self):
         return {
