@@ -100,7 +100,7 @@ class FeedForward(keras.layers.Layer):
         act = ACTIVATIONS[self.activation_name]
         # 2-D matmuls: for the kernel gradients of 3-D ones, XLA on CPU copies
         # each (B, T, .) activation into a transposed layout, slowly (JAX
-        # training step ~9% slower, measured on 2 cores).
+        # training, `benchmarks/train_throughput.py`: 2399 -> 2738 tok/s).
         lead = ops.shape(inputs)[:-1]
         flat = ops.reshape(inputs, (-1, inputs.shape[-1]))  # (B*T, C)
         hidden = self.intermediate_dense(flat)  # (B*T, F)
