@@ -9,7 +9,6 @@ Shape letters: B batch, T query length, S key length, H query heads,
 K key/value heads, D head dim, C model width.
 """
 
-import itertools
 import math
 
 import keras
@@ -121,13 +120,12 @@ def _project_together(denses, x):
     y = ops.matmul(flat, ops.concatenate(kernels, axis=1))  # (B*T, sum of H*D)
     if all(d.bias is not None for d in denses):
         y = y + ops.concatenate([ops.reshape(d.bias, (-1,)) for d in denses], axis=0)
-    # One split, not slices: torch's backward of a slice zero-fills a full
-    # (B*T, sum of H*D) gradient per part; a split's backward concatenates.
-    parts = ops.split(y, list(itertools.accumulate(sizes[:-1])), axis=1)  # (B*T, H*D) each
-    return [
-        ops.reshape(part, (*lead, *dense.kernel.shape[1:]))  # (B, T, H, D)
-        for dense, part in zip(denses, parts)
-    ]
+    outputs, start = [], 0
+    for dense, size in zip(denses, sizes):
+        part = y[:, start : start + size]  # (B*T, H*D)
+        outputs.append(ops.reshape(part, (*lead, *dense.kernel.shape[1:])))  # (B, T, H, D)
+        start += size
+    return outputs
 
 
 def _fused_attention_is_faster():
