@@ -29,28 +29,49 @@ def test_matches_numpy_with_and_without_sample_weights(label_shape):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(per_token), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_gradient_is_softmax_minus_one_hot():
-    logits = keras.Variable(np.random.default_rng(1).normal(size=(2, 3, 7)).astype("float32"))
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_value_and_gradient_match_numpy(compiled):
+    """Gradient = (softmax - one-hot) * weight / count, eager and compiled.
+
+    Compiled is XLA on TF (its own formula there, see losses.py) and jax.jit;
+    torch has no compiled path of its own.
+    """
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 3, 7)).astype("float32") * 3
     labels = np.array([[0, 6, 2], [3, 3, 1]], "int32")
-    probs = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(-1, keepdims=True)
-    expected = (probs - np.eye(7)[labels]) / labels.size
+    weights = np.array([[1, 0, 1], [1, 1, 0.5]], "float32")
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    expected_value = (numpy_cross_entropy(labels, logits) * weights).sum() / labels.size
+    expected = (probs - np.eye(7)[labels]) * weights[..., None] / labels.size
+    loss = TokenCrossEntropy()
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        gradient = jax.grad(lambda v: TokenCrossEntropy()(labels, v))(logits.value)
+        function = jax.value_and_grad(lambda v: loss(labels, v, sample_weight=weights))
+        value, gradient = (jax.jit(function) if compiled else function)(logits)
     elif backend == "tensorflow":
         import tensorflow as tf
 
-        with tf.GradientTape() as tape:
-            value = TokenCrossEntropy()(labels, logits.value)
-        gradient = tape.gradient(value, logits.value)
+        def function(v):
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                value = loss(labels, v, sample_weight=weights)
+            return value, tape.gradient(value, v)
+
+        value, gradient = tf.function(function, jit_compile=True)(tf.constant(logits)) if compiled else function(
+            tf.constant(logits)
+        )
     else:
+        if compiled:
+            pytest.skip("torch trains eagerly here; there is no compiled loss path")
         import torch
 
-        leaf = torch.tensor(logits.numpy(), requires_grad=True)
-        TokenCrossEntropy()(labels, leaf).backward()
+        leaf = torch.tensor(logits, requires_grad=True)
+        value = loss(labels, leaf, sample_weight=weights)
+        value.backward()
         gradient = leaf.grad
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(value), expected_value, rtol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(gradient), expected, atol=1e-6)
 
 
