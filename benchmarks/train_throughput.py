@@ -2,13 +2,16 @@
 
 4 layers, width 256, 4 heads, context 128, batch 16, vocabulary 8192, fp32,
 AdamW, `fit` compiled as `kerasformer train` does it (XLA on TF and JAX, eager
-torch) for both models, each with its library's training loss. Times alternating
-rounds of both models and prints the best training tokens/s of each, their
-ratio, and the model-FLOPs utilization: tokens/s x FLOPs/token (6N + 12 L T d,
-as nanoGPT counts) over this machine's measured fp32 matmul rate (numpy,
-2048 x 2048), and over the backend's own matmul rate.
+torch) for both models, each with its library's training loss. Both models
+run in one process, with the allocator `kerasformer train` sets
+(kerasformer/allocator.py; `--allocator system` keeps glibc's default).
 
-    python benchmarks/train_throughput.py --all
+Times alternating rounds of both models and prints the best training tokens/s
+of each, their ratio, and the model-FLOPs utilization: tokens/s x FLOPs/token
+(6N + 12 L T d, as nanoGPT counts) over this machine's measured fp32 matmul
+rate (numpy, 2048 x 2048), and over the backend's own matmul rate.
+
+    python benchmarks/train_throughput.py --all [--allocator system]
 """
 
 import argparse
@@ -74,13 +77,18 @@ def main():
     parser.add_argument("--all", action="store_true", help="run every backend")
     parser.add_argument("--steps", type=int, default=20, help="training steps per timed round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds per model; the best counts")
+    parser.add_argument("--allocator", default="reuse", help="reuse (as `kerasformer train`) or system, for both models")
     args = parser.parse_args()
     if args.all:
         sys.exit(0 if run_per_backend(__file__, sys.argv[1:]) else 1)
 
     import numpy as np
 
-    # Before any framework starts: their idle worker threads slow numpy down.
+    from kerasformer.allocator import set_allocator
+
+    set_allocator(args.allocator)  # Before the frameworks' threads allocate.
+
+    # Before any model runs: the frameworks' idle worker threads slow numpy down.
     machine = matmul_rate(np.matmul)  # numpy's BLAS: the machine's fp32 matmul rate.
 
     import keras
@@ -125,7 +133,7 @@ def main():
     machine = max(machine, matmul_rate(np.matmul, repeats=10))
     achieved = ours_rate * flops_per_token
     print(
-        f"{keras.backend.backend():10s} kerasformer {ours_rate:8.0f} tok/s | KerasHub {theirs_rate:8.0f} tok/s | "
+        f"{keras.backend.backend():10s} allocator {args.allocator} | kerasformer {ours_rate:8.0f} tok/s | KerasHub {theirs_rate:8.0f} tok/s | "
         f"ratio {ours_rate / theirs_rate:4.2f}x | {achieved / 1e9:.0f} GFLOP/s = MFU {achieved / machine:5.1%} of the "
         f"measured {machine / 1e9:.0f} GFLOP/s numpy fp32 matmul ({achieved / framework:5.1%} of this backend's "
         f"{framework / 1e9:.0f} GFLOP/s `keras.ops.matmul`)",

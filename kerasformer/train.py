@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from kerasformer import data
+from kerasformer.allocator import set_allocator
 from kerasformer.losses import TokenCrossEntropy
 
 TASKS = ("gpt", "bert", "t5", "transformer")
@@ -47,6 +48,7 @@ class TrainConfig:
     validation_steps: int = 20
     precision: str = "fp32"  # fp32, or bf16 (mixed_bfloat16).
     jit_compile: str = "auto"  # "auto" (XLA on TF and JAX, eager torch), or "true" / "false".
+    allocator: str = "reuse"  # "reuse": malloc keeps freed memory for the next step (faster on CPU, see allocator.py); "system".
     seed: int = 0
     overrides: dict = field(default_factory=dict)  # Extra preset arguments.
 
@@ -265,6 +267,7 @@ def train(config):
         raise ValueError(
             f"`steps` ({config.steps}) must be a multiple of `checkpoint_every` ({config.checkpoint_every})."
         )
+    set_allocator(config.allocator)  # Before the first step's threads allocate.
     keras.utils.set_random_seed(config.seed)
     if config.precision == "bf16":
         keras.config.set_dtype_policy("mixed_bfloat16")
