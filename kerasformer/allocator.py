@@ -13,11 +13,12 @@ memory in the process instead:
     no mmap for large buffers            (M_MMAP_MAX = 0,   MALLOC_MMAP_MAX_=0)
     no returning of freed heap memory    (M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_)
 
-Measured on that benchmark (2 cores, ms per training step, default -> kept):
-TensorFlow ~760 -> ~580, JAX ~830 -> ~650 (1.3x), torch ~780 -> ~660. The
-price: the process holds on to its peak memory until it exits, which a
-training process does anyway. It is what PyTorch's CPU launcher
-(`torch.backends.xeon.run_cpu`) gets by preloading jemalloc or tcmalloc.
+Measured on that model (2 cores, same session, default -> reuse): ms per
+training step TensorFlow 865 -> 606, JAX 885 -> 701, torch 698 -> 669; peak
+resident memory 1515 -> 1810 MB, 1473 -> 2178 MB, 1560 -> 1603 MB. So the price
+is memory: one arena fragments more, and the process keeps its peak until it
+exits. PyTorch's CPU launcher (`torch.backends.xeon.run_cpu`) makes the same
+trade by preloading jemalloc or tcmalloc.
 
 `kerasformer train` applies it (`--allocator system` leaves malloc alone).
 The arena limit only covers threads that have not allocated yet, so call
