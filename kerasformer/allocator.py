@@ -39,6 +39,11 @@ _M_ARENA_MAX = -8
 ALLOCATORS = ("reuse", "system")
 
 
+def uses_glibc():
+    """Whether this process's C library is glibc, the one these settings are for."""
+    return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory():
     """Sets glibc's malloc to keep freed memory for reuse (see the module doc).
 
@@ -46,7 +51,7 @@ def keep_freed_memory():
         True if the settings were applied; False where the C library is not
         glibc (macOS, Windows, musl), whose allocators behave differently.
     """
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    if not uses_glibc():
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))

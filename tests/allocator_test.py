@@ -1,13 +1,13 @@
 """The training allocator: freed large buffers are reused, not faulted in again."""
 
+import mmap
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
 
-from kerasformer.allocator import set_allocator
+from kerasformer.allocator import set_allocator, uses_glibc
 from kerasformer.train import TrainConfig, train
 
 # Allocates, fills and frees a 96 MB buffer a few times, on the main thread and
@@ -42,12 +42,9 @@ worker.start()
 worker.join()
 print(*results)
 """
-PAGES_PER_BUFFER = 96 * 2**20 // 4096
+PAGES_PER_BUFFER = 96 * 2**20 // mmap.PAGESIZE
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-    reason="the allocator settings are glibc's",
-)
+pytestmark = pytest.mark.skipif(not uses_glibc(), reason="the allocator settings are glibc's")
 
 
 def faults_per_buffer(allocator):
