@@ -10,7 +10,8 @@ The peer, in the same run: `transformers`' GPT-2 in torch, trained by
 nanoGPT's loop (its learning-rate function, torch AdamW with decay on
 matrices, gradient clipping at 1.0) on the same token stream, batches and
 validation batches. Each seed is a different initialization and batch order;
-the script prints every run and the means, ours over the peer's.
+the script prints every run and the means, ours over the peer's, and how
+much an estimate from 20 batches (nanoGPT's) scatters around the mean of 200.
 
     python benchmarks/shakespeare_char.py --all --seeds 0 1 2 [--data ../shared/data/tinyshakespeare.txt]
 """
@@ -29,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from common import BACKENDS  # noqa: E402
 
 NANOGPT_VAL_LOSS = 1.88
+NANOGPT_EVAL_BATCHES = 20  # nanoGPT's CPU run estimates its validation loss on 20 random batches.
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "tinyshakespeare.txt")
 SETTINGS = dict(
     batch_size=12, sequence_length=64, learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=100,
@@ -125,7 +127,12 @@ def train_peer(args, seed):
     model.eval()
     with torch.no_grad():
         losses = [loss_of(*validation[i]).item() for i in range(len(validation))]
-    return round(sum(losses) / len(losses), 4)
+    mean = sum(losses) / len(losses)
+    # How far one estimate from NANOGPT_EVAL_BATCHES random batches (nanoGPT's
+    # `--eval_iters=20`) scatters around this mean: one standard deviation.
+    spread = (sum((x - mean) ** 2 for x in losses) / (len(losses) - 1) / NANOGPT_EVAL_BATCHES) ** 0.5
+    print(f"SPREAD seed {seed}: a {NANOGPT_EVAL_BATCHES}-batch estimate scatters by +-{spread:.4f} (one standard deviation)", flush=True)
+    return round(mean, 4)
 
 
 def run_seeds(args, train_function, label):
@@ -146,13 +153,20 @@ def run_all(args):
         env = {**os.environ, "KERAS_BACKEND": "torch" if name == "peer" else name, "TF_CPP_MIN_LOG_LEVEL": "3"}
         argv = [a for a in sys.argv[1:] if a != "--all"] + (["--peer"] if name == "peer" else [])
         result = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
-        sys.stdout.write("".join(line + "\n" for line in result.stdout.splitlines() if line.startswith("RUN")))
+        sys.stdout.write("".join(line + "\n" for line in result.stdout.splitlines() if line.startswith(("RUN", "SPREAD"))))
         if result.returncode:
             sys.stderr.write(result.stderr[-3000:])
             return False
         losses = [float(line.split("val loss ")[1].split(",")[0]) for line in result.stdout.splitlines() if line.startswith("RUN")]
         means[name] = sum(losses) / len(losses)
+        if name == "peer":
+            spreads = [float(line.split("+-")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("SPREAD")]
+            spread = sum(spreads) / len(spreads)
     print(f"mean over seeds {args.seeds}: peer (transformers GPT-2, nanoGPT's loop) {means['peer']:.4f}; nanoGPT's README {NANOGPT_VAL_LOSS}")
+    print(
+        f"nanoGPT's {NANOGPT_VAL_LOSS} is one run measured on {NANOGPT_EVAL_BATCHES} batches; such an estimate scatters by "
+        f"+-{spread:.4f}, so it lies {(means['peer'] - NANOGPT_VAL_LOSS) / spread:.1f} standard deviations below the peer's mean"
+    )
     for backend in BACKENDS:
         print(
             f"{backend:10s} kerasformer {means[backend]:.4f} | peer {means['peer']:.4f} | "
