@@ -19,6 +19,7 @@ much an estimate from 20 batches (nanoGPT's) scatters around the mean of 200.
 import argparse
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -130,7 +131,7 @@ def train_peer(args, seed):
     mean = sum(losses) / len(losses)
     # How far one estimate from NANOGPT_EVAL_BATCHES random batches (nanoGPT's
     # `--eval_iters=20`) scatters around this mean: one standard deviation.
-    spread = (sum((x - mean) ** 2 for x in losses) / (len(losses) - 1) / NANOGPT_EVAL_BATCHES) ** 0.5
+    spread = statistics.stdev(losses) / NANOGPT_EVAL_BATCHES**0.5
     print(f"SPREAD seed {seed}: a {NANOGPT_EVAL_BATCHES}-batch estimate scatters by +-{spread:.4f} (one standard deviation)", flush=True)
     return round(mean, 4)
 
