@@ -6,14 +6,21 @@ decay 0.1, dropout 0, no biases, first 90% of tinyshakespeare.txt for
 training and the last 10% for validation. nanoGPT reports a validation loss
 of 1.88 for this run (one run, measured on 20 batches).
 
-The peer, in the same run: `transformers`' GPT-2 in torch, trained by
-nanoGPT's loop (its learning-rate function, torch AdamW with decay on
-matrices, gradient clipping at 1.0) on the same token stream, batches and
-validation batches. Each seed is a different initialization and batch order;
-the script prints every run and the means, ours over the peer's, and how
-much an estimate from 20 batches (nanoGPT's) scatters around the mean of 200.
+Two architectures of the kerasformer GPT, each with the same settings:
+- `gpt2`: nanoGPT's model (GPT-2: learned positions, LayerNorm, GELU MLP);
+- `llama`: `GPT(position_type="rotary", norm_type="rms_norm",
+  activation="swiglu", intermediate_dim=344)`, LLaMA's blocks at the same
+  parameter count (a SwiGLU of 3 x 128 x 344 ~ GPT-2's MLP of 2 x 128 x 512).
 
-    python benchmarks/shakespeare_char.py --all --seeds 0 1 2 [--data ../shared/data/tinyshakespeare.txt]
+The peer of each, in the same run: `transformers`' `GPT2LMHeadModel` or
+`LlamaForCausalLM` at the same sizes in torch, trained by nanoGPT's loop (its
+learning-rate function, torch AdamW with decay on matrices, gradient clipping
+at 1.0) on the same token stream, batches and validation batches. Each seed is
+a different initialization and batch order; the script prints every run and
+the means, ours over the peer's, and how much an estimate from 20 batches
+(nanoGPT's) scatters around the mean of 200.
+
+    python benchmarks/shakespeare_char.py --all --seeds 0 1 2 [--architectures gpt2 llama] [--data ../shared/data/tinyshakespeare.txt]
 """
 
 import argparse
@@ -37,7 +44,12 @@ SETTINGS = dict(
     batch_size=12, sequence_length=64, learning_rate=1e-3, min_learning_rate=1e-4, warmup_steps=100,
     weight_decay=0.1, beta_1=0.9, beta_2=0.99, steps_per_epoch=500,
 )
-MODEL = dict(num_layers=4, num_heads=4, hidden_dim=128)
+MODEL = dict(num_layers=4, num_heads=4, hidden_dim=128, use_bias=False)  # nanoGPT's model for this run: no biases.
+ARCHITECTURES = {
+    "gpt2": dict(),
+    # LLaMA's choices; 344 ~ 2/3 of 4 x 128, so the parameter count stays GPT-2's.
+    "llama": dict(position_type="rotary", norm_type="rms_norm", activation="swiglu", intermediate_dim=344),
+}
 
 
 def token_streams(path):
@@ -50,7 +62,7 @@ def token_streams(path):
     return train, validation, int(tokenizer.vocabulary_size())
 
 
-def train_ours(args, seed):
+def train_ours(args, seed, architecture):
     """Validation loss of `kerasformer train` with nanoGPT's settings."""
     from kerasformer.train import TrainConfig, train
 
@@ -63,15 +75,47 @@ def train_ours(args, seed):
             min_learning_rate=s["min_learning_rate"], warmup_steps=s["warmup_steps"],
             weight_decay=s["weight_decay"], beta_1=s["beta_1"], beta_2=s["beta_2"], dropout=0.0,
             validation_steps=args.validation_batches, seed=seed,
-            overrides=dict(**MODEL, use_bias=False),  # nanoGPT's model for this run: no biases.
+            overrides=dict(**MODEL, **ARCHITECTURES[architecture]),
         )
         return train(config)["val_loss"]
 
 
-def train_peer(args, seed):
-    """Validation loss of `transformers`' GPT-2 trained by nanoGPT's loop (torch)."""
-    import torch
+def peer_model(architecture, vocabulary_size):
+    """`transformers`' model of `architecture` at this run's sizes, with its own initialization."""
     import transformers
+
+    sizes = dict(vocab_size=vocabulary_size, bos_token_id=None, eos_token_id=None)
+    if architecture == "llama":
+        config = transformers.LlamaConfig(
+            **sizes, hidden_size=MODEL["hidden_dim"], num_hidden_layers=MODEL["num_layers"],
+            num_attention_heads=MODEL["num_heads"], intermediate_size=ARCHITECTURES["llama"]["intermediate_dim"],
+            max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=True,
+            attention_bias=False, mlp_bias=False,
+        )
+        model = transformers.LlamaForCausalLM(config)  # N(0, 0.02) init, no biases.
+        # nanoGPT's (and GPT-2's) init, as kerasformer's GPT: the projections into
+        # the residual stream get N(0, 0.02 / sqrt(2 layers)).
+        std = 0.02 / (2 * MODEL["num_layers"]) ** 0.5
+        for layer in model.model.layers:
+            for linear in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                linear.weight.data.normal_(0.0, std)
+        return model
+    config = transformers.GPT2Config(
+        **sizes, n_positions=128, n_embd=MODEL["hidden_dim"], n_layer=MODEL["num_layers"],
+        n_head=MODEL["num_heads"], activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
+    )
+    model = transformers.GPT2LMHeadModel(config)  # GPT-2's init, as nanoGPT's: N(0, 0.02), scaled c_proj.
+    for name, parameter in model.named_parameters():  # nanoGPT's `bias=False`.
+        if name.endswith(".bias"):
+            parameter.data.zero_()
+            parameter.requires_grad_(False)
+    return model
+
+
+def train_peer(args, seed, architecture):
+    """Validation loss of `transformers`' model trained by nanoGPT's loop (torch)."""
+    import torch
 
     from kerasformer.data import LanguageModelBatches
 
@@ -83,16 +127,7 @@ def train_peer(args, seed):
         validation_stream, s["sequence_length"], s["batch_size"], args.validation_batches, seed=seed + 1
     )
     torch.manual_seed(seed)
-    config = transformers.GPT2Config(
-        vocab_size=vocabulary_size, n_positions=128, n_embd=MODEL["hidden_dim"], n_layer=MODEL["num_layers"],
-        n_head=MODEL["num_heads"], activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5, bos_token_id=None, eos_token_id=None,
-    )
-    model = transformers.GPT2LMHeadModel(config)  # GPT-2's init, as nanoGPT's: N(0, 0.02), scaled c_proj.
-    for name, parameter in model.named_parameters():  # nanoGPT's `bias=False`.
-        if name.endswith(".bias"):
-            parameter.data.zero_()
-            parameter.requires_grad_(False)
+    model = peer_model(architecture, vocabulary_size)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(  # nanoGPT's `configure_optimizers`: decay on tensors of rank >= 2.
         [
@@ -132,55 +167,64 @@ def train_peer(args, seed):
     # How far one estimate from NANOGPT_EVAL_BATCHES random batches (nanoGPT's
     # `--eval_iters=20`) scatters around this mean: one standard deviation.
     spread = statistics.stdev(losses) / NANOGPT_EVAL_BATCHES**0.5
-    print(f"SPREAD seed {seed}: a {NANOGPT_EVAL_BATCHES}-batch estimate scatters by +-{spread:.4f} (one standard deviation)", flush=True)
+    print(f"SPREAD {architecture} seed {seed}: a {NANOGPT_EVAL_BATCHES}-batch estimate scatters by +-{spread:.4f} (one standard deviation)", flush=True)
     return round(mean, 4)
 
 
 def run_seeds(args, train_function, label):
-    """Trains once per seed, prints each run; returns the losses."""
-    losses = []
-    for seed in args.seeds:
-        start = time.perf_counter()
-        loss = train_function(args, seed)
-        losses.append(loss)
-        print(f"RUN {label:10s} seed {seed}: val loss {loss:.4f}, {args.steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
-    return losses
+    """Trains once per architecture and seed, prints each run."""
+    for architecture in args.architectures:
+        for seed in args.seeds:
+            start = time.perf_counter()
+            loss = train_function(args, seed, architecture)
+            print(
+                f"RUN {architecture:5s} {label:10s} seed {seed}: val loss {loss:.4f}, "
+                f"{args.steps} steps in {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
+
+
+def mean_of(lines, architecture, prefix, marker):
+    """Mean of the figures after `marker` in the `prefix` lines of `architecture`."""
+    values = [float(line.split(marker)[1].split(",")[0].split()[0]) for line in lines if line.startswith(f"{prefix} {architecture} ")]
+    return sum(values) / len(values)
 
 
 def run_all(args):
     """Every backend and the peer, each in its own process; prints the comparison."""
-    means = {}
+    lines = {}
     for name in (*BACKENDS, "peer"):
         env = {**os.environ, "KERAS_BACKEND": "torch" if name == "peer" else name, "TF_CPP_MIN_LOG_LEVEL": "3"}
         argv = [a for a in sys.argv[1:] if a != "--all"] + (["--peer"] if name == "peer" else [])
         result = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
-        sys.stdout.write("".join(line + "\n" for line in result.stdout.splitlines() if line.startswith(("RUN", "SPREAD"))))
+        lines[name] = [line for line in result.stdout.splitlines() if line.startswith(("RUN", "SPREAD"))]
+        sys.stdout.write("".join(line + "\n" for line in lines[name]))
         if result.returncode:
             sys.stderr.write(result.stderr[-3000:])
             return False
-        losses = [float(line.split("val loss ")[1].split(",")[0]) for line in result.stdout.splitlines() if line.startswith("RUN")]
-        means[name] = sum(losses) / len(losses)
-        if name == "peer":
-            spreads = [float(line.split("+-")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("SPREAD")]
-            spread = sum(spreads) / len(spreads)
-    print(f"mean over seeds {args.seeds}: peer (transformers GPT-2, nanoGPT's loop) {means['peer']:.4f}; nanoGPT's README {NANOGPT_VAL_LOSS}")
-    print(
-        f"nanoGPT's {NANOGPT_VAL_LOSS} is one run measured on {NANOGPT_EVAL_BATCHES} batches; such an estimate scatters by "
-        f"+-{spread:.4f}, so it lies {(means['peer'] - NANOGPT_VAL_LOSS) / spread:.1f} standard deviations below the peer's mean"
-    )
-    for backend in BACKENDS:
+    for architecture in args.architectures:
+        peer = mean_of(lines["peer"], architecture, "RUN", "val loss ")
+        spread = mean_of(lines["peer"], architecture, "SPREAD", "+-")
         print(
-            f"{backend:10s} kerasformer {means[backend]:.4f} | peer {means['peer']:.4f} | "
-            f"ratio {means[backend] / means['peer']:.3f} | vs nanoGPT's {NANOGPT_VAL_LOSS}: {means[backend] / NANOGPT_VAL_LOSS:.3f}",
-            flush=True,
+            f"{architecture}: mean over seeds {args.seeds}: peer (transformers, nanoGPT's loop) {peer:.4f}; "
+            f"nanoGPT's README {NANOGPT_VAL_LOSS}, one run measured on {NANOGPT_EVAL_BATCHES} batches, an estimate "
+            f"that scatters by +-{spread:.4f}: {(peer - NANOGPT_VAL_LOSS) / spread:.1f} standard deviations below the peer's mean"
         )
+        for backend in BACKENDS:
+            ours = mean_of(lines[backend], architecture, "RUN", "val loss ")
+            print(
+                f"{architecture:5s} {backend:10s} kerasformer {ours:.4f} | peer {peer:.4f} | ratio {ours / peer:.3f} | "
+                f"vs nanoGPT's {NANOGPT_VAL_LOSS}: {ours / NANOGPT_VAL_LOSS:.3f}",
+                flush=True,
+            )
     return True
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--all", action="store_true", help="run every backend and the peer")
-    parser.add_argument("--peer", action="store_true", help="run only the peer (transformers GPT-2, torch)")
+    parser.add_argument("--peer", action="store_true", help="run only the peer (transformers, torch)")
+    parser.add_argument("--architectures", nargs="+", choices=sorted(ARCHITECTURES), default=list(ARCHITECTURES))
     parser.add_argument("--data", default=DEFAULT_DATA)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--validation-batches", type=int, default=200)

@@ -1,4 +1,4 @@
-"""Weights from and to Hugging Face `transformers` checkpoints: GPT-2, BERT, T5.
+"""Weights from and to Hugging Face `transformers` checkpoints: GPT-2, LLaMA, BERT, T5.
 
     model = kerasformer.convert.from_huggingface("path/to/checkpoint")  # or a HF model object
     kerasformer.convert.to_huggingface(model, "path/to/new_checkpoint")
@@ -150,6 +150,81 @@ def _gpt2_config(model):
         "activation_function": "gelu_new" if model.activation == "gelu_tanh" else model.activation,
         "layer_norm_epsilon": model.norm_epsilon,
         "tie_word_embeddings": True,
+    }
+
+
+# LLaMA: a GPT with rotary positions, RMSNorm and SwiGLU -------------------
+
+
+def _llama_model(config):
+    from kerasformer.models import GPT
+
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    if config.get("head_dim") not in (None, hidden // heads):
+        raise ValueError(f"head_dim {config['head_dim']} != hidden_size / num_attention_heads is not supported.")
+    # transformers >= 5 keeps the base in `rope_parameters`; earlier ones in `rope_theta`.
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"rope_scaling {rope!r} is not supported; only plain rotary positions.")
+    rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+    if config.get("attention_bias", False) != config.get("mlp_bias", False):
+        raise ValueError("attention_bias and mlp_bias must be equal (`use_bias` covers both).")
+    if HF_ACTIVATIONS.get(config.get("hidden_act", "silu")) != "silu":
+        raise ValueError(f"hidden_act {config.get('hidden_act')!r} is not supported; LLaMA's is 'silu'.")
+    return GPT(
+        vocab_size=config["vocab_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=heads,
+        hidden_dim=hidden,
+        intermediate_dim=config["intermediate_size"],
+        max_sequence_length=config.get("max_position_embeddings", 2048),
+        position_type="rotary",
+        activation="swiglu",
+        norm_type="rms_norm",
+        norm_epsilon=config.get("rms_norm_eps", 1e-6),
+        tie_embeddings=config.get("tie_word_embeddings", False),
+        use_bias=config.get("attention_bias", False),
+        num_key_value_heads=config.get("num_key_value_heads") or heads,
+        rotary_max_wavelength=rope_theta,
+    )
+
+
+def _llama_rows(model):
+    rows = [("model.embed_tokens.weight", model.token_embedding.embeddings, "copy")]
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        ffn = block.feedforward.sublayer
+        rows += _norm_rows(p + "input_layernorm", block.self_attention.norm)
+        rows += _attention_rows(
+            p + "self_attn.", block.self_attention.sublayer, ("q_proj", "k_proj", "v_proj", "o_proj"), bias=model.use_bias
+        )
+        rows += _norm_rows(p + "post_attention_layernorm", block.feedforward.norm)
+        rows += _dense_rows(p + "mlp.gate_proj", ffn.gate_dense)  # act(x W_gate) * (x W_up)
+        rows += _dense_rows(p + "mlp.up_proj", ffn.intermediate_dense)
+        rows += _dense_rows(p + "mlp.down_proj", ffn.output_dense)
+    rows += _norm_rows("model.norm", model.final_norm)
+    if model.lm_head is not None:
+        rows.append(("lm_head.weight", model.lm_head.kernel, "linear"))
+    return rows
+
+
+def _llama_config(model):
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.hidden_dim,
+        "intermediate_size": model.blocks[0].feedforward.sublayer.intermediate_dense.units,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_heads,
+        "num_key_value_heads": model.num_key_value_heads or model.num_heads,
+        "max_position_embeddings": model.max_sequence_length,
+        "rms_norm_eps": model.norm_epsilon,
+        "rope_theta": float(model.rotary_max_wavelength),
+        "hidden_act": "silu",
+        "tie_word_embeddings": model.tie_embeddings,
+        "attention_bias": model.use_bias,
+        "mlp_bias": model.use_bias,
     }
 
 
@@ -365,16 +440,41 @@ def _t5_config(model):
 
 FAMILIES = {
     "gpt2": (_gpt2_model, _gpt2_rows, _split_gpt2, _merge_gpt2, _gpt2_config),
+    "llama": (_llama_model, _llama_rows, dict, dict, _llama_config),
     "bert": (_bert_model, _bert_rows, _split_bert, dict, _bert_config),
     "t5": (_t5_model, _t5_rows, _split_t5, dict, _t5_config),
 }
+
+
+# The GPT options each Hugging Face family fixes; the others are free.
+GPT_FAMILIES = {
+    "gpt2": dict(position_type="learned", norm_type="layer_norm", norm_first=True, tie_embeddings=True, use_bias=True),
+    "llama": dict(position_type="rotary", norm_type="rms_norm", norm_first=True, activation="swiglu"),
+}
+
+
+def _gpt_family(model):
+    """"gpt2" or "llama": the family whose architecture `model`'s options are."""
+    for family, fixed in GPT_FAMILIES.items():
+        if any(getattr(model, name) != value for name, value in fixed.items()):
+            continue
+        if family == "gpt2" and (
+            model.activation not in HF_ACTIVATIONS.values() or model.num_key_value_heads not in (None, model.num_heads)
+        ):
+            continue
+        return family
+    options = {name: getattr(model, name) for name in (*GPT_FAMILIES["gpt2"], "activation", "num_key_value_heads")}
+    raise ValueError(
+        f"This GPT's options {options} match no Hugging Face family; expected GPT-2's "
+        f"{GPT_FAMILIES['gpt2']} (a plain activation, no grouped-query attention) or LLaMA's {GPT_FAMILIES['llama']}."
+    )
 
 
 def _family_of(model):
     from kerasformer.models import BERT, GPT, T5, BERTClassifier, BERTMaskedLM
 
     if isinstance(model, GPT):
-        return "gpt2"
+        return _gpt_family(model)
     if isinstance(model, (BERT, BERTMaskedLM, BERTClassifier)):
         return "bert"
     if isinstance(model, T5):
@@ -417,6 +517,7 @@ def from_huggingface(source):
 
     Args:
         source: a `transformers` model object (GPT2Model/GPT2LMHeadModel,
+            LlamaForCausalLM,
             BertModel/BertForMaskedLM/BertForSequenceClassification,
             T5ForConditionalGeneration), or a local folder with `config.json`
             and `*.safetensors`.

@@ -49,6 +49,8 @@ class GPT(TransformerModel):
         tie_embeddings: the LM head is the transposed token embedding.
         use_bias: biases in projections (GPT-2: yes; LLaMA: no).
         num_key_value_heads: grouped-query attention (default: plain MHA).
+        rotary_max_wavelength: the base of rotary positions (LLaMA 1/2:
+            10000; LLaMA 3: 500000).
 
     Input: `token_ids` `(B, T)`. Output: logits `(B, T, vocab_size)`.
 
@@ -76,6 +78,7 @@ class GPT(TransformerModel):
         tie_embeddings=True,
         use_bias=True,
         num_key_value_heads=None,
+        rotary_max_wavelength=10000,
         **kwargs,
     ):
         config = constructor_arguments(locals(), GPT)
@@ -100,6 +103,7 @@ class GPT(TransformerModel):
                     use_bias=use_bias,
                     num_key_value_heads=num_key_value_heads,
                     use_rotary=position_type == "rotary",
+                    rotary_max_wavelength=rotary_max_wavelength,
                     kernel_initializer=initializer,
                     name=f"block_{i}",
                 )

@@ -40,17 +40,68 @@ def token_ids(vocab, shape, seed=0, low=1):
     return np.random.default_rng(seed).integers(low, vocab, shape).astype("int32")
 
 
-def gpt2_logits(hf, ids):
+def lm_logits(hf, ids):
     with torch.no_grad():
         return hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
 
 
-def test_gpt2_logits_match():
+def test_lm_logits_match():
     hf = tiny_gpt2()
     ids = token_ids(97, (2, 11))
     model = from_huggingface(hf)
     assert isinstance(model, GPT)
-    np.testing.assert_allclose(to_numpy(model(ids)), gpt2_logits(hf, ids), atol=ATOL)
+    np.testing.assert_allclose(to_numpy(model(ids)), lm_logits(hf, ids), atol=ATOL)
+
+
+def tiny_llama(**kwargs):
+    config = transformers.LlamaConfig(
+        vocab_size=89, hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0, **kwargs,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # Norm scales other than 1, so a swapped norm shows.
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_key_value_heads": 2, "tie_word_embeddings": True}, {"attention_bias": True, "mlp_bias": True}],
+    ids=["mha_untied", "gqa_tied", "biases"],
+)
+def test_llama_logits_match(options):
+    hf = tiny_llama(**options)
+    ids = token_ids(89, (2, 13))
+    model = from_huggingface(hf)
+    assert isinstance(model, GPT) and model.position_type == "rotary"
+    np.testing.assert_allclose(to_numpy(model(ids)), lm_logits(hf, ids), atol=ATOL)
+    # And back: the written state dict is the reference's, weight for weight.
+    config, state = to_huggingface(model)
+    assert config["model_type"] == "llama" and config["rope_theta"] == 500000.0
+    assert model.rotary_max_wavelength == 500000.0
+    reference = {k: v for k, v in hf.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
+    if hf.config.tie_word_embeddings:
+        reference.pop("lm_head.weight")
+    assert set(state) == set(reference)
+    for name, value in state.items():
+        np.testing.assert_allclose(value, reference[name].numpy(), atol=1e-7, err_msg=name)
+
+
+def test_llama_checkpoint_folder_round_trip(tmp_path):
+    hf = tiny_llama()
+    ids = token_ids(89, (2, 9))
+    to_huggingface(from_huggingface(hf), tmp_path / "ours")
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    np.testing.assert_allclose(lm_logits(reloaded, ids), lm_logits(hf, ids), atol=1e-6)
+
+
+def test_llama_options_without_counterpart_are_refused():
+    with pytest.raises(ValueError, match="rope_scaling"):
+        from_huggingface(tiny_llama(rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    with pytest.raises(ValueError, match="match no Hugging Face family"):
+        to_huggingface(GPT(vocab_size=50, num_layers=1, num_heads=2, hidden_dim=16, position_type="rotary"))
 
 
 def bert_inputs(vocab, length=9):
@@ -128,11 +179,11 @@ def test_checkpoint_folder_round_trip(tmp_path):
     hf.save_pretrained(tmp_path / "hf")
     model = from_huggingface(tmp_path / "hf")
     ids = token_ids(97, (2, 8))
-    np.testing.assert_allclose(to_numpy(model(ids)), gpt2_logits(hf, ids), atol=ATOL)
+    np.testing.assert_allclose(to_numpy(model(ids)), lm_logits(hf, ids), atol=ATOL)
 
     to_huggingface(model, tmp_path / "ours")
     reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "ours").eval()
-    np.testing.assert_allclose(gpt2_logits(reloaded, ids), gpt2_logits(hf, ids), atol=1e-6)
+    np.testing.assert_allclose(lm_logits(reloaded, ids), lm_logits(hf, ids), atol=1e-6)
 
 
 @pytest.mark.parametrize("family", ["bert_mlm", "t5"])
