@@ -1,12 +1,14 @@
 """`kerasformer train | generate | export | serve`.
 
     kerasformer train gpt --preset gpt2-tiny --data input.txt --steps 2000 --run-dir runs/shakespeare
+    kerasformer train gpt --model num_layers=4 --model position_type=rotary ...  # any preset argument
     kerasformer generate runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8
     kerasformer export runs/shakespeare saved_models/shakespeare
     kerasformer serve saved_models/shakespeare --port 8501
 """
 
 import argparse
+import ast
 import sys
 from dataclasses import fields
 
@@ -23,6 +25,21 @@ def _train_parser(subparsers):
         default = getattr(defaults, f.name)
         kind = type(default) if default is not None else (float if f.name == "dropout" else str)
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=default)
+    parser.add_argument(
+        "--model", dest="overrides", action="append", type=model_argument, default=[], metavar="NAME=VALUE",
+        help="an argument of the preset's builder, e.g. --model position_type=rotary --model num_layers=4 (repeatable)",
+    )
+
+
+def model_argument(text):
+    """`NAME=VALUE` -> `(NAME, VALUE)`; VALUE is a Python literal (4, 0.1, None, True) or else a string."""
+    name, separator, value = text.partition("=")
+    if not separator or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, e.g. num_layers=4, got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
 
 
 def _generate_parser(subparsers):
@@ -84,7 +101,8 @@ def main(argv=None):
     if args.command == "train":
         from kerasformer.train import TrainConfig, train
 
-        config = TrainConfig(**{k: v for k, v in vars(args).items() if k != "command"})
+        settings = {k: v for k, v in vars(args).items() if k != "command"}
+        config = TrainConfig(**{**settings, "overrides": dict(settings["overrides"])})
         train(config)
     elif args.command == "generate":
         print(

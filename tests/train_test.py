@@ -40,10 +40,14 @@ def test_schedule_warms_up_then_decays_and_spares_vectors_from_decay():
 
 def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path):
     run_dir = tmp_path / "gpt"
-    command, env = cli("train", "gpt", "--run-dir", str(run_dir), *TINY)
+    # --model sets arguments of the preset's builder: here a LLaMA-style GPT.
+    architecture = ["--model", "num_layers=1", "--model", "position_type=rotary", "--model", "activation=swiglu"]
+    command, env = cli("train", "gpt", "--run-dir", str(run_dir), *TINY, *architecture)
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "evaluation: val_loss=" in result.stdout and "perplexity=" in result.stdout
+    model = load_run(str(run_dir))[0]
+    assert (model.num_layers, len(model.blocks), model.position_type, model.activation) == (1, 1, "rotary", "swiglu")
     for name in ("model.keras", "checkpoint.keras", "log.csv", "loss.png", "run.json", "tokenizer/tokenizer.json"):
         assert (run_dir / name).exists(), name
     with open(run_dir / "log.csv") as f:
@@ -54,6 +58,14 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path):
     assert text.startswith("the cat") and len(text) > len("the cat")
     beams = generate_text(str(run_dir), "the cat", max_new_tokens=10, num_beams=3)
     assert beams.startswith("the cat") and len(beams) > len("the cat")
+
+
+def test_train_cli_refuses_a_malformed_model_argument(capsys):
+    from kerasformer.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "gpt", "--model", "num_layers"])
+    assert "expected NAME=VALUE" in capsys.readouterr().err
 
 
 def test_a_killed_run_resumes_where_it_stopped(tmp_path):
