@@ -24,7 +24,10 @@ def test_quickstart(tmp_path):
 
 @pytest.mark.skipif(not os.path.isfile(SHAKESPEARE), reason="../shared/data/tinyshakespeare.txt is absent")
 def test_train_gpt_shakespeare(tmp_path):
-    out = run_example("train_gpt_shakespeare.py", "--data", SHAKESPEARE, "--steps", "20", "--checkpoint-every", "10", cwd=tmp_path)
+    out = run_example(
+        "train_gpt_shakespeare.py", "--data", SHAKESPEARE, "--steps", "20", "--checkpoint-every", "10",
+        "--architecture", "llama", cwd=tmp_path,
+    )
     assert "evaluation: val_loss=" in out and "ROMEO:" in out
 
 
