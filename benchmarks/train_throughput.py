@@ -2,7 +2,9 @@
 
 4 layers, width 256, 4 heads, context 128, batch 16, vocabulary 8192, fp32,
 AdamW, `fit` compiled as `kerasformer train` does it (XLA on TF and JAX, eager
-torch) for both models, each with its library's training loss. Both models
+torch) for both models, each with its library's training loss and AdamW
+(`kerasformer.optimizers.AdamW`, which `kerasformer train` uses, and
+`keras.optimizers.AdamW`; the same arithmetic, fused into one kernel on torch). Both models
 run in one process, with the allocator `kerasformer train` sets
 (kerasformer/allocator.py; `--allocator system` keeps glibc's default).
 
@@ -40,14 +42,12 @@ def matmul_rate(matmul, size=2048, repeats=5):
     return best
 
 
-def compile_and_warm_up(model, batches, loss):
+def compile_and_warm_up(model, batches, loss, optimizer):
     """Compiles `fit` as `kerasformer train` does and runs a few steps (tracing, XLA)."""
-    import keras
-
     from kerasformer.train import resolve_jit_compile
 
     jit_compile = resolve_jit_compile("auto")  # XLA on TF and JAX for both models.
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss, jit_compile=jit_compile)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     model.fit(batches, epochs=1, steps_per_epoch=3, verbose=0)
 
 
@@ -97,6 +97,7 @@ def main():
     from kerasformer.data import ArrayBatches
     from kerasformer.losses import TokenCrossEntropy
     from kerasformer.models import GPT
+    from kerasformer.optimizers import AdamW
 
     c = CONFIG
     rng = np.random.default_rng(0)
@@ -114,9 +115,12 @@ def main():
     ours_batches = ArrayBatches(x, y, batch_size=c["batch"], steps=args.steps)
     their_batches = keras_hub_batches({"token_ids": x, "padding_mask": np.ones_like(x, bool)}, y)
     # Each library's own training loss: what `kerasformer train` and
-    # `GPT2CausalLM.compile()` use (the values are equal; see losses.py).
-    compile_and_warm_up(ours, ours_batches, TokenCrossEntropy())
-    compile_and_warm_up(theirs, their_batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # `GPT2CausalLM.compile()` use (the values are equal; see losses.py);
+    # and its AdamW (the same arithmetic; see optimizers.py).
+    compile_and_warm_up(ours, ours_batches, TokenCrossEntropy(), AdamW(1e-4))
+    compile_and_warm_up(
+        theirs, their_batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.AdamW(1e-4)
+    )
     # Alternating rounds, best of each: a background hiccup in one round
     # cannot decide the ratio.
     ours_rate = theirs_rate = 0.0

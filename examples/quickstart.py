@@ -5,12 +5,11 @@
 
 import argparse
 
-import keras
-
 from kerasformer import data
 from kerasformer.generate import generate
 from kerasformer.losses import TokenCrossEntropy
 from kerasformer.models import from_preset
+from kerasformer.optimizers import AdamW  # Keras's AdamW, fused on torch.
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
@@ -21,7 +20,7 @@ tokenizer = data.train_tokenizer("char", [text])  # KerasHub's character tokeniz
 batches = data.LanguageModelBatches(data.encode(tokenizer, text), 64, batch_size=16, steps=args.steps)
 
 model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
-model.compile(optimizer=keras.optimizers.AdamW(3e-3), loss=TokenCrossEntropy())
+model.compile(optimizer=AdamW(3e-3), loss=TokenCrossEntropy())
 model.fit(batches, epochs=1)
 
 prompt = data.encode(tokenizer, "the old cat")

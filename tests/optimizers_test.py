@@ -1,0 +1,71 @@
+"""`kerasformer.optimizers.AdamW` against AdamW written in numpy, and Keras's."""
+
+import keras
+import numpy as np
+import pytest
+
+from kerasformer.optimizers import AdamW, _fused_kernel
+from tests.conftest import to_numpy
+
+SHAPES = [(6, 5), (5,), (3, 2, 4)]
+
+
+def numpy_adamw(weights, grads_per_step, rates, decayed, beta_1, beta_2, epsilon, weight_decay, clipnorm):
+    """Keras's AdamW: global norm clipping, decoupled decay, then Adam with
+    epsilon outside the bias correction."""
+    weights = [w.astype("float64") for w in weights]
+    m = [np.zeros_like(w) for w in weights]
+    v = [np.zeros_like(w) for w in weights]
+    for t, (grads, rate) in enumerate(zip(grads_per_step, rates), start=1):
+        if clipnorm:
+            norm = np.sqrt(sum(np.sum(g.astype("float64") ** 2) for g in grads))
+            grads = [g * min(1.0, clipnorm / norm) for g in grads]
+        for i, g in enumerate(grads):
+            if decayed[i]:
+                weights[i] -= weights[i] * weight_decay * rate
+            m[i] = beta_1 * m[i] + (1 - beta_1) * g
+            v[i] = beta_2 * v[i] + (1 - beta_2) * g * g
+            alpha = rate * np.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+            weights[i] -= alpha * m[i] / (np.sqrt(v[i]) + epsilon)
+    return weights
+
+
+@pytest.mark.parametrize("clipnorm", [None, 2.0], ids=["unclipped", "clipped"])
+@pytest.mark.parametrize("optimizer_class", [AdamW, keras.optimizers.AdamW], ids=["kerasformer", "keras"])
+def test_adamw_matches_numpy_with_a_schedule_and_decay_exclusions(optimizer_class, clipnorm):
+    rng = np.random.default_rng(0)
+    initial = [rng.normal(size=s).astype("float32") for s in SHAPES]
+    steps = 6
+    grads_per_step = [[rng.normal(size=s).astype("float32") for s in SHAPES] for _ in range(steps)]
+    schedule = keras.optimizers.schedules.CosineDecay(0.0, 10, alpha=0.1, warmup_target=1e-2, warmup_steps=3)
+    rates = [float(to_numpy(schedule(t))) for t in range(steps)]
+    variables = [keras.Variable(w) for w in initial]
+    optimizer = optimizer_class(
+        learning_rate=schedule, weight_decay=0.1, beta_1=0.9, beta_2=0.99, epsilon=1e-3, global_clipnorm=clipnorm
+    )
+    optimizer.exclude_from_weight_decay(var_list=[variables[1]])  # A vector, as `make_optimizer` does.
+    for grads in grads_per_step:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    # A large epsilon, so that where it is added (before or after the bias correction) shows.
+    # The gradients' global norm is ~7: clipping at 2 scales them.
+    expected = numpy_adamw(initial, grads_per_step, rates, [True, False, True], 0.9, 0.99, 1e-3, 0.1, clipnorm)
+    for variable, want in zip(variables, expected):
+        np.testing.assert_allclose(to_numpy(variable), want, rtol=2e-5, atol=2e-6)
+    assert int(to_numpy(optimizer.iterations)) == steps
+
+
+def test_the_fused_kernel_runs_where_torch_has_it():
+    variables = [keras.Variable(np.ones((4, 3), "float32"))]
+    optimizer = AdamW(learning_rate=1e-2)
+    optimizer.build(variables)
+    fused = keras.backend.backend() == "torch" and _fused_kernel() is not None
+    assert optimizer._use_fused_kernel(variables) == fused
+    if keras.backend.backend() != "torch":
+        pytest.skip("TensorFlow and JAX use keras.optimizers.AdamW's update unchanged (XLA fuses it).")
+
+
+def test_adamw_round_trips_its_config():
+    optimizer = AdamW(learning_rate=3e-4, weight_decay=0.05, beta_2=0.95, epsilon=1e-8)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(optimizer))
+    assert isinstance(restored, AdamW)
+    assert restored.get_config() == optimizer.get_config()
