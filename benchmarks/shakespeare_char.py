@@ -205,10 +205,11 @@ def run_all(args):
     for architecture in args.architectures:
         peer = mean_of(lines["peer"], architecture, "RUN", "val loss ")
         spread = mean_of(lines["peer"], architecture, "SPREAD", "+-")
+        z = (NANOGPT_VAL_LOSS - peer) / spread
         print(
             f"{architecture}: mean over seeds {args.seeds}: peer (transformers, nanoGPT's loop) {peer:.4f}; "
             f"nanoGPT's README {NANOGPT_VAL_LOSS}, one run measured on {NANOGPT_EVAL_BATCHES} batches, an estimate "
-            f"that scatters by +-{spread:.4f}: {(peer - NANOGPT_VAL_LOSS) / spread:.1f} standard deviations below the peer's mean"
+            f"that scatters by +-{spread:.4f}: {abs(z):.1f} standard deviations {'below' if z < 0 else 'above'} the peer's mean"
         )
         for backend in BACKENDS:
             ours = mean_of(lines[backend], architecture, "RUN", "val loss ")
