@@ -16,16 +16,35 @@ On TensorFlow and JAX it is `keras.optimizers.AdamW` unchanged: XLA already
 fuses the update into the training step.
 """
 
+import functools
+
 import keras
 
 
 def _fused_kernel():
-    """torch's fused AdamW kernel (torch >= 2.4 runs it on CPU), or None."""
+    """torch's fused AdamW kernel, or None (another backend, or an old torch)."""
     if keras.backend.backend() != "torch":
         return None
     import torch
 
     return getattr(torch, "_fused_adamw_", None)
+
+
+@functools.cache
+def _fused_kernel_runs_on(device_type):
+    """Whether the kernel runs on `device_type` ("cpu" needs torch >= 2.4): one tiny trial update."""
+    import torch
+
+    kernel = _fused_kernel()
+    if kernel is None:
+        return False
+    try:
+        tensors = [[torch.zeros(2, device=device_type)] for _ in range(4)]
+        step = [torch.ones((), device=device_type)]
+        kernel(*tensors, [], step, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 @keras.saving.register_keras_serializable(package="kerasformer")
@@ -45,12 +64,13 @@ class AdamW(keras.optimizers.AdamW):
 
         # One kernel call takes float32 tensors on one device.
         device = variables[0].value.device
-        return device.type in ("cpu", "cuda") and all(
+        return _fused_kernel_runs_on(device.type) and all(
             v.value.device == device and v.value.dtype == torch.float32 for v in variables
         )
 
     def _clip_gradients(self, grads):
-        if not self.global_clipnorm or self.clipnorm or _fused_kernel() is None or any(g is None for g in grads):
+        torch_backend = keras.backend.backend() == "torch"
+        if not self.global_clipnorm or self.clipnorm or not torch_backend or any(g is None for g in grads):
             return super()._clip_gradients(grads)
         import torch
 
