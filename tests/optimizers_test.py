@@ -77,3 +77,20 @@ def test_adamw_round_trips_its_config():
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(optimizer))
     assert isinstance(restored, AdamW)
     assert restored.get_config() == optimizer.get_config()
+
+
+def test_a_model_compiled_with_it_loads_in_a_fresh_process(tmp_path):
+    """`import kerasformer` alone registers the class, as `kerasformer export` needs."""
+    import subprocess
+    import sys
+
+    from kerasformer.models import GPT
+
+    model = GPT(vocab_size=20, num_layers=1, num_heads=2, hidden_dim=8)
+    model.compile(optimizer=AdamW(1e-3, weight_decay=0.1), loss="sparse_categorical_crossentropy")
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    code = f"import keras, kerasformer; print(type(keras.saving.load_model({path!r}).optimizer).__name__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("AdamW")
