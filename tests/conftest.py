@@ -37,3 +37,17 @@ def save_and_reload(model, tmp_path):
     path = tmp_path / "model.keras"
     model.save(path)
     return keras.saving.load_model(path)
+
+
+def class_name_after_fresh_load(model, tmp_path, attribute, imports="kerasformer"):
+    """Saves `model`, loads it in a new Python process that imports only `imports`,
+    and returns the class name of the loaded model's `attribute` (e.g. "loss")."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    code = f"import keras, {imports}; print(type(keras.saving.load_model({path!r}).{attribute}).__name__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip().splitlines()[-1]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from kerasformer.losses import TokenCrossEntropy
+from tests.conftest import class_name_after_fresh_load
 
 
 def numpy_cross_entropy(labels, logits):
@@ -82,16 +83,8 @@ def test_round_trips_through_config():
 
 
 def test_a_model_compiled_with_it_loads_in_a_fresh_process(tmp_path):
-    import subprocess
-    import sys
-
     from kerasformer.models import GPT
 
     model = GPT(vocab_size=20, num_layers=1, num_heads=2, hidden_dim=8)
     model.compile(optimizer="adamw", loss=TokenCrossEntropy())
-    path = str(tmp_path / "model.keras")
-    model.save(path)
-    code = f"import keras, kerasformer.models; print(type(keras.saving.load_model({path!r}).loss).__name__)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().endswith("TokenCrossEntropy")
+    assert class_name_after_fresh_load(model, tmp_path, "loss", imports="kerasformer.models") == "TokenCrossEntropy"
