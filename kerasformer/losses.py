@@ -5,6 +5,8 @@ import functools
 import keras
 from keras import ops
 
+from kerasformer.tf_xla import compiling_with_xla
+
 
 @keras.saving.register_keras_serializable(package="kerasformer")
 class TokenCrossEntropy(keras.losses.Loss):
@@ -32,7 +34,7 @@ class TokenCrossEntropy(keras.losses.Loss):
         y_true = ops.cast(y_true, "int32")
         rows = ops.reshape(y_pred, (-1, y_pred.shape[-1]))  # (N, V), vocabulary axis contiguous
         labels = ops.reshape(y_true, (-1,))  # (N,)
-        if keras.backend.backend() == "tensorflow" and _tf_compiling_with_xla():
+        if keras.backend.backend() == "tensorflow" and compiling_with_xla():
             losses = _tf_xla_token_cross_entropy(rows, labels)  # (N,)
         elif keras.backend.backend() == "torch":
             losses = _torch_token_cross_entropy(rows, labels)  # (N,)
@@ -44,17 +46,6 @@ class TokenCrossEntropy(keras.losses.Loss):
         else:  # TF's fused kernel, without XLA.
             losses = ops.sparse_categorical_crossentropy(labels, rows, from_logits=True)  # (N,)
         return ops.reshape(losses, ops.shape(y_true))  # (B, T)
-
-
-def _tf_compiling_with_xla():
-    """Whether TF is tracing a function that XLA will compile (`jit_compile=True`)."""
-    import tensorflow as tf
-
-    try:
-        from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
-    except ImportError:  # A TF without this helper: keep the fused kernel.
-        return False
-    return GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 def _tf_xla_token_cross_entropy(logits, labels):

@@ -51,3 +51,40 @@ def class_name_after_fresh_load(model, tmp_path, attribute, imports="kerasformer
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.strip().splitlines()[-1]
+
+
+def value_and_gradients(function, *inputs, compiled=False):
+    """`function(*inputs)` (a scalar) and its gradients with respect to each input, as numpy.
+
+    `compiled` runs it under `jax.jit` or `tf.function(jit_compile=True)` (XLA),
+    where kerasformer has code paths of its own; torch has none (it trains
+    eagerly), so the compiled case skips there.
+    """
+    if BACKEND == "jax":
+        import jax
+
+        step = jax.value_and_grad(function, argnums=tuple(range(len(inputs))))
+        value, gradients = (jax.jit(step) if compiled else step)(*inputs)
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        def step(*tensors):
+            with tf.GradientTape() as tape:
+                tape.watch(tensors)
+                value = function(*tensors)
+            return value, tape.gradient(value, tensors)
+
+        tensors = [tf.constant(x) for x in inputs]
+        value, gradients = tf.function(step, jit_compile=True)(*tensors) if compiled else step(*tensors)
+    else:
+        if compiled:
+            pytest.skip("torch trains eagerly here; there is no compiled path")
+        import torch
+
+        leaves = [torch.tensor(x, requires_grad=True) for x in inputs]
+        value = function(*leaves)
+        value.backward()
+        gradients = [leaf.grad for leaf in leaves]
+    if BACKEND == "torch":
+        value = value.detach()
+    return to_numpy(value), [to_numpy(g) for g in gradients]

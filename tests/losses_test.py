@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kerasformer.losses import TokenCrossEntropy
-from tests.conftest import class_name_after_fresh_load
+from tests.conftest import class_name_after_fresh_load, value_and_gradients
 
 
 def numpy_cross_entropy(labels, logits):
@@ -45,35 +45,11 @@ def test_value_and_gradient_match_numpy(compiled):
     expected_value = (numpy_cross_entropy(labels, logits) * weights).sum() / labels.size
     expected = (probs - np.eye(7)[labels]) * weights[..., None] / labels.size
     loss = TokenCrossEntropy()
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        function = jax.value_and_grad(lambda v: loss(labels, v, sample_weight=weights))
-        value, gradient = (jax.jit(function) if compiled else function)(logits)
-    elif backend == "tensorflow":
-        import tensorflow as tf
-
-        def function(v):
-            with tf.GradientTape() as tape:
-                tape.watch(v)
-                value = loss(labels, v, sample_weight=weights)
-            return value, tape.gradient(value, v)
-
-        value, gradient = tf.function(function, jit_compile=True)(tf.constant(logits)) if compiled else function(
-            tf.constant(logits)
-        )
-    else:
-        if compiled:
-            pytest.skip("torch trains eagerly here; there is no compiled loss path")
-        import torch
-
-        leaf = torch.tensor(logits, requires_grad=True)
-        value = loss(labels, leaf, sample_weight=weights)
-        value.backward()
-        gradient = leaf.grad
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(value), expected_value, rtol=1e-5)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(gradient), expected, atol=1e-6)
+    value, (gradient,) = value_and_gradients(
+        lambda v: loss(labels, v, sample_weight=weights), logits, compiled=compiled
+    )
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+    np.testing.assert_allclose(gradient, expected, atol=1e-6)
 
 
 def test_round_trips_through_config():
