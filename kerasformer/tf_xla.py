@@ -18,9 +18,11 @@ def compiling_with_xla():
 
 
 def optimization_barrier(x):
-    """`x`, computed as written: XLA may not fold it into its consumers (XLA only)."""
-    import tensorflow as tf
+    """`x`, computed as written: XLA may not fold it into its consumers (XLA only).
+
+    E.g. a transpose stays a materialized copy instead of becoming a
+    transposed operand of the next dot.
+    """
     from tensorflow.compiler.tf2xla.python.xla import optimization_barrier as barrier
 
-    # TF's shape inference does not know the barrier's output shape.
-    return tf.reshape(barrier([x])[0], tf.shape(x))
+    return barrier(x)[0]  # The op takes and returns a tuple of tensors.
