@@ -84,7 +84,5 @@ def value_and_gradients(function, *inputs, compiled=False):
         leaves = [torch.tensor(x, requires_grad=True) for x in inputs]
         value = function(*leaves)
         value.backward()
-        gradients = [leaf.grad for leaf in leaves]
-    if BACKEND == "torch":
-        value = value.detach()
+        value, gradients = value.detach(), [leaf.grad for leaf in leaves]
     return to_numpy(value), [to_numpy(g) for g in gradients]
