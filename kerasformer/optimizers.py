@@ -62,6 +62,8 @@ class AdamW(keras.optimizers.AdamW):
             return False
         import torch
 
+        if torch.compiler.is_compiling():
+            return False  # Under `torch.compile` Inductor fuses Keras's update itself.
         # One kernel call takes float32 tensors on one device.
         device = variables[0].value.device
         return _fused_kernel_runs_on(device.type) and all(
