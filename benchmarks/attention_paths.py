@@ -3,7 +3,8 @@
 Times the attention core of `kerasformer.layers.MultiHeadAttention` (causal,
 B16/T128/H4/D64 by default) on the current backend, compiled the way training
 compiles it (jax.jit, tf.function(jit_compile=True), torch eager), and prints
-both paths side by side. The choice in `_fused_attention_is_faster` rests on
+the paths side by side (the explicit one also split into causal query blocks,
+see `causal_query_blocks`). The choice in `_fused_attention_is_faster` rests on
 these figures.
 
     KERAS_BACKEND=jax python benchmarks/attention_paths.py
@@ -20,7 +21,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from common import median_seconds  # noqa: E402
-from kerasformer.layers import MultiHeadAttention  # noqa: E402
+from kerasformer.layers import MultiHeadAttention, attention  # noqa: E402
 
 
 def make_step(layer, fused, q, k, v):
@@ -79,15 +80,18 @@ def main():
     layer = MultiHeadAttention(num_heads=args.heads)
     layer.build((None, None, args.heads * args.head_dim))
     fused = time_step(make_step(layer, True, q, k, v), args.repeats)
-    explicit = time_step(make_step(layer, False, q, k, v), args.repeats)
+    chosen_blocks = attention.causal_query_blocks(args.length, args.length)
+    timings = {}
+    for blocks in (1, 4):  # The explicit path unsplit, and in 4 causal query blocks.
+        attention.causal_query_blocks = lambda query_length, key_length, blocks=blocks: blocks
+        timings[blocks] = time_step(make_step(layer, False, q, k, v), args.repeats)
     layer.fused_attention = None
-    from kerasformer.layers.attention import _fused_attention_is_faster
-
-    chosen = "fused" if _fused_attention_is_faster() else "explicit"
+    chosen = "fused" if attention._fused_attention_is_faster() else f"explicit in {chosen_blocks} block(s)"
     print(
         f"{keras.backend.backend():10s} B{args.batch}/T{args.length}/H{args.heads}/D{args.head_dim} "
-        f"causal fwd+bwd: fused {fused:.2f} ms, explicit {explicit:.2f} ms, "
-        f"explicit/fused {explicit / fused:.2f}x; auto chooses {chosen}"
+        f"causal fwd+bwd: fused {fused:.2f} ms, explicit {timings[1]:.2f} ms, explicit in 4 causal blocks "
+        f"{timings[4]:.2f} ms; explicit/fused {timings[1] / fused:.2f}x, blocks/explicit "
+        f"{timings[4] / timings[1]:.2f}x; auto chooses {chosen}"
     )
 
 

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from kerasformer.layers import MultiHeadAttention
+from kerasformer.layers import MultiHeadAttention, attention
 from tests.conftest import random_inputs, save_and_reload, to_numpy
 
 
@@ -59,6 +59,29 @@ def test_attention_equals_numpy_reference(case, return_scores):
         outputs, scores = outputs
         np.testing.assert_allclose(to_numpy(scores), expected_weights, atol=1e-5)
     np.testing.assert_allclose(to_numpy(outputs), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("blocks", [2, 4])
+def test_causal_query_blocks_equal_numpy_reference(blocks, monkeypatch):
+    """The explicit path's causal blocks (JAX's default at T >= 128), forced on every backend."""
+    monkeypatch.setattr(attention, "causal_query_blocks", lambda query_length, key_length: blocks)
+    B, T, C = 2, 128, 32
+    x = random_inputs(B, T, C)
+    layer = MultiHeadAttention(num_heads=4, num_key_value_heads=2)
+    layer.fused_attention = False  # torch would take SDPA
+    outputs = layer(x, use_causal_mask=True)
+    mask = np.broadcast_to(np.tril(np.ones((T, T), bool)), (B, T, T))
+    expected, _ = numpy_attention(layer, np.float64(x), None, mask)
+    np.testing.assert_allclose(to_numpy(outputs), expected, atol=1e-5)
+
+
+def test_causal_query_blocks_only_for_long_square_static_self_attention():
+    split = 4 if keras.backend.backend() == "jax" else 1  # Measured: no gain under XLA on TF.
+    assert attention.causal_query_blocks(128, 128) == split
+    assert attention.causal_query_blocks(256, 256) == split
+    assert attention.causal_query_blocks(64, 64) == 1
+    assert attention.causal_query_blocks(1, 128) == 1
+    assert attention.causal_query_blocks(None, None) == 1
 
 
 def test_causal_rows_have_exactly_zero_weight_on_future_keys():
