@@ -441,12 +441,13 @@ class MultiHeadAttention(keras.layers.Layer):
             v = ops.repeat(v, groups, axis=2)  # (B, S, H, D)
         blocks = causal_query_blocks(q.shape[1], k.shape[1])
         if only_causal and bias is None and not return_scores and blocks > 1:
-            # Queries [i b, (i+1) b) see only keys [0, (i+1) b).
-            size = q.shape[1] // blocks
+            # Queries [start, end) see only keys [0, end); the last block takes any remainder.
+            length = q.shape[1]
+            size = length // blocks
             outputs = []
             for i in range(blocks):
-                start, end = i * size, (i + 1) * size
-                block_mask = merge_attention_masks(size, end, use_causal_mask=True, query_start=start)
+                start, end = i * size, length if i == blocks - 1 else (i + 1) * size
+                block_mask = merge_attention_masks(end - start, end, use_causal_mask=True, query_start=start)
                 output, _ = self._explicit_attention(
                     q[:, start:end], k[:, :end], v[:, :end], block_mask, None, scale, training
                 )  # (B, b, H, D)
