@@ -14,6 +14,7 @@ import math
 import keras
 from keras import ops
 
+from kerasformer.layers.linear import linear
 from kerasformer.layers.positions import RotaryEmbedding
 
 try:  # The implicit (`mask_zero=True`) mask lives outside the tensor on JAX.
@@ -99,9 +100,8 @@ def _project(dense, x, input_dims=1):
     in_size, out_size = math.prod(in_shape), math.prod(out_shape)
     lead = ops.shape(x)[:-input_dims]
     flat = ops.reshape(x, (-1, in_size))  # (B*T, C)
-    y = ops.matmul(flat, ops.reshape(kernel, (in_size, out_size)))  # (B*T, H*D)
-    if dense.bias is not None:
-        y = y + ops.reshape(dense.bias, (out_size,))
+    bias = None if dense.bias is None else ops.reshape(dense.bias, (out_size,))
+    y = linear(flat, ops.reshape(kernel, (in_size, out_size)), bias)  # (B*T, H*D)
     return ops.reshape(y, (*lead, *out_shape))
 
 
@@ -117,9 +117,10 @@ def _project_together(denses, x):
     sizes = [k.shape[1] for k in kernels]
     lead = ops.shape(x)[:-1]
     flat = ops.reshape(x, (-1, x.shape[-1]))  # (B*T, C)
-    y = ops.matmul(flat, ops.concatenate(kernels, axis=1))  # (B*T, sum of H*D)
+    bias = None
     if all(d.bias is not None for d in denses):
-        y = y + ops.concatenate([ops.reshape(d.bias, (-1,)) for d in denses], axis=0)
+        bias = ops.concatenate([ops.reshape(d.bias, (-1,)) for d in denses], axis=0)
+    y = linear(flat, ops.concatenate(kernels, axis=1), bias)  # (B*T, sum of H*D)
     outputs, start = [], 0
     for dense, size in zip(denses, sizes):
         part = y[:, start : start + size]  # (B*T, H*D)

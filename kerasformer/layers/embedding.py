@@ -5,6 +5,7 @@ import functools
 import keras
 from keras import ops
 
+from kerasformer.layers.linear import linear
 from kerasformer.tf_xla import compiling_with_xla, optimization_barrier
 
 
@@ -66,7 +67,7 @@ def tied_logits(hidden, table):
         return _tf_xla_tied_logits(hidden, table)
     if backend == "jax" and _jax_on_cpu():
         return _jax_cpu_tied_logits()(hidden, table)
-    return ops.matmul(hidden, ops.transpose(table))  # (N, V)
+    return linear(hidden, ops.transpose(table))  # (N, V); oneDNN on torch CPU
 
 
 def _jax_on_cpu():

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from kerasformer.layers.linear import dense_linear
+
 # Activations by name; the tanh approximation of GELU is the one GPT-2 and
 # T5 v1.1 were trained with, the exact one is BERT's and torch's default.
 ACTIVATIONS = {
@@ -103,13 +105,13 @@ class FeedForward(keras.layers.Layer):
         # training, `benchmarks/train_throughput.py`: 2399 -> 2738 tok/s).
         lead = ops.shape(inputs)[:-1]
         flat = ops.reshape(inputs, (-1, inputs.shape[-1]))  # (B*T, C)
-        hidden = self.intermediate_dense(flat)  # (B*T, F)
+        hidden = dense_linear(self.intermediate_dense, flat)  # (B*T, F)
         if self.gated:
-            hidden = act(self.gate_dense(flat)) * hidden  # (B*T, F)
+            hidden = act(dense_linear(self.gate_dense, flat)) * hidden  # (B*T, F)
         else:
             hidden = act(hidden)  # (B*T, F)
         hidden = self.inner_dropout(hidden, training=training)
-        outputs = self.output_dense(hidden)  # (B*T, C)
+        outputs = dense_linear(self.output_dense, hidden)  # (B*T, C)
         return ops.reshape(outputs, (*lead, outputs.shape[-1]))  # (B, T, C)
 
     def get_config(self):

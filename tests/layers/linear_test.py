@@ -1,0 +1,67 @@
+"""`linear`, the projections' matmul (oneDNN on torch CPU), against numpy written here."""
+
+import keras
+import numpy as np
+import pytest
+
+from kerasformer.layers.linear import dense_linear, linear, uses_onednn
+from tests.conftest import BACKEND, random_inputs, to_numpy, value_and_gradients
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_value_and_gradients_match_numpy(with_bias, compiled):
+    x, kernel, bias = random_inputs(7, 5, seed=1), random_inputs(5, 3, seed=2), random_inputs(3, seed=3)
+    upstream = random_inputs(7, 3, seed=4)
+
+    inputs = (x, kernel, bias) if with_bias else (x, kernel)
+
+    def weighted_sum(*tensors):
+        return keras.ops.sum(keras.ops.multiply(linear(*tensors), upstream))
+
+    value, gradients = value_and_gradients(weighted_sum, *inputs, compiled=compiled)
+    expected = x @ kernel + (bias if with_bias else 0)
+    np.testing.assert_allclose(value, np.sum(expected * upstream), rtol=1e-5)
+    np.testing.assert_allclose(gradients[0], upstream @ kernel.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gradients[1], x.T @ upstream, rtol=1e-5, atol=1e-6)
+    if with_bias:
+        np.testing.assert_allclose(gradients[2], upstream.sum(0), rtol=1e-5, atol=1e-6)
+
+def test_transposed_kernel_view_matches_numpy():
+    """The tied LM head passes `table^T`, a transposed view on torch."""
+    hidden, table, upstream = random_inputs(6, 4, seed=1), random_inputs(9, 4, seed=2), random_inputs(6, 9, seed=3)
+    value, (hidden_gradient, table_gradient) = value_and_gradients(
+        lambda h, t: keras.ops.sum(keras.ops.multiply(linear(h, keras.ops.transpose(t)), upstream)), hidden, table
+    )
+    np.testing.assert_allclose(value, np.sum(hidden @ table.T * upstream), rtol=1e-5)
+    np.testing.assert_allclose(hidden_gradient, upstream @ table, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(table_gradient, upstream.T @ hidden, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_linear_matches_the_dense_layer_on_3d_inputs():
+    dense = keras.layers.Dense(4)
+    x = random_inputs(2, 3, 5)
+    expected = to_numpy(dense(x))
+    np.testing.assert_allclose(to_numpy(dense_linear(dense, x)), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="oneDNN is the path of torch's CPU build only")
+def test_torch_takes_onednn_for_2d_float32_on_cpu_only():
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    x, kernel = torch.ones(4, 3), torch.ones(3, 2)
+    assert uses_onednn(x, kernel, torch.ones(2))
+    assert not uses_onednn(x.double(), kernel.double())  # float64: torch.matmul
+    assert not uses_onednn(torch.ones(2, 4, 3), kernel)  # 3-D: callers flatten first
+    assert not uses_onednn(torch.ones(0, 3), kernel)  # empty batch
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.jit.trace is torch's (generation traces its loop body)")
+def test_traces_under_torch_jit():
+    import torch
+
+    x, kernel, bias = (torch.tensor(random_inputs(*shape, seed=i)) for i, shape in enumerate([(4, 3), (3, 2), (2,)]))
+    traced = torch.jit.trace(lambda x, k, b: linear(x, k, b), (x, kernel, bias))
+    np.testing.assert_allclose(to_numpy(traced(x, kernel, bias)), x.numpy() @ kernel.numpy() + bias.numpy(), rtol=1e-5)
