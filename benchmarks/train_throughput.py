@@ -86,7 +86,10 @@ def compile_and_warm_up(model, batches, loss, optimizer):
     from kerasformer.train import resolve_jit_compile
 
     jit_compile = resolve_jit_compile("auto")  # XLA on TF and JAX for both models.
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
+    # No metrics for either model, as `kerasformer train gpt` compiles:
+    # KerasHub's `CausalLM.compile` would add a token accuracy by default
+    # (an argmax over the (B, T, V) logits every step, ~15 ms on TF).
+    model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[], jit_compile=jit_compile)
     model.fit(batches, epochs=1, steps_per_epoch=3, verbose=0)
 
 
