@@ -10,9 +10,12 @@ from tests.conftest import BACKEND, random_inputs, to_numpy, value_and_gradients
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_value_and_gradients_match_numpy(with_bias, compiled):
-    x, kernel, bias = random_inputs(7, 5, seed=1), random_inputs(5, 3, seed=2), random_inputs(3, seed=3)
-    upstream = random_inputs(7, 3, seed=4)
+@pytest.mark.parametrize("widths", [(5, 3), (3, 5)], ids=["narrowing", "widening"])
+def test_value_and_gradients_match_numpy(with_bias, compiled, widths):
+    """Both orders of the kernel gradient's product: the narrower operand is transposed."""
+    c_in, c_out = widths
+    x, kernel, bias = random_inputs(7, c_in, seed=1), random_inputs(c_in, c_out, seed=2), random_inputs(c_out, seed=3)
+    upstream = random_inputs(7, c_out, seed=4)
 
     inputs = (x, kernel, bias) if with_bias else (x, kernel)
 
@@ -26,6 +29,7 @@ def test_value_and_gradients_match_numpy(with_bias, compiled):
     np.testing.assert_allclose(gradients[1], x.T @ upstream, rtol=1e-5, atol=1e-6)
     if with_bias:
         np.testing.assert_allclose(gradients[2], upstream.sum(0), rtol=1e-5, atol=1e-6)
+
 
 def test_transposed_kernel_view_matches_numpy():
     """The tied LM head passes `table^T`, a transposed view on torch."""
