@@ -31,3 +31,23 @@ def median_seconds(function, repeats=3, warmup=1):
         function()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def alternating_seconds(functions, rounds=5, warmup=1):
+    """Wall times of each of `functions`, called in turn for `rounds` rounds.
+
+    Alternating keeps the machine's drift between minutes (10-25% on 2
+    shared cores) out of the comparison: each round times every function
+    within a few seconds. Returns one list of `rounds` times per function,
+    after `warmup` untimed calls of each (compilation).
+    """
+    for function in functions:
+        for _ in range(warmup):
+            function()
+    times = [[] for _ in functions]
+    for _ in range(rounds):
+        for function, record in zip(functions, times):
+            start = time.perf_counter()
+            function()
+            record.append(time.perf_counter() - start)
+    return times
