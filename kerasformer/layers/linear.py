@@ -49,9 +49,12 @@ def dense_linear(dense, x):
 
     Flattens `x` to 2-D: besides the oneDNN path, XLA on CPU runs 2-D
     matmuls and their kernel gradients faster than 3-D ones. The caller's
-    layer call provides the dtype policy's casts; Dense's activation, LoRA
-    and quantization are not applied (the layers here use none).
+    layer call provides the dtype policy's casts. `dense.kernel` includes
+    LoRA's update (`enable_lora`); a quantized kernel or an activation goes
+    through the layer's own call.
     """
+    if dense.quantization_mode is not None or dense.activation is not keras.activations.linear:
+        return dense(x)
     lead = ops.shape(x)[:-1]
     flat = ops.reshape(x, (-1, x.shape[-1]))  # (N, C_in)
     y = linear(flat, dense.kernel, dense.bias)  # (N, C_out)

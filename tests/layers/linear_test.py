@@ -44,9 +44,29 @@ def test_transposed_kernel_view_matches_numpy():
 
 def test_dense_linear_matches_the_dense_layer_on_3d_inputs():
     dense = keras.layers.Dense(4)
+    dense.build((None, None, 5))
     x = random_inputs(2, 3, 5)
-    expected = to_numpy(dense(x))
+    expected = x @ to_numpy(dense.kernel) + to_numpy(dense.bias)
     np.testing.assert_allclose(to_numpy(dense_linear(dense, x)), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["lora", "int8", "activation"])
+def test_dense_linear_keeps_lora_quantization_and_activation(variant):
+    """A user's `enable_lora`, `quantize` or activation on a Dense is not dropped."""
+    x = random_inputs(6, 5, seed=1)
+    dense = keras.layers.Dense(4, activation="relu" if variant == "activation" else None)
+    dense.build((None, 5))
+    if variant == "lora":
+        dense.enable_lora(2)
+        dense.lora_kernel_b.assign(random_inputs(2, 4, seed=2))  # Zero-initialized: make LoRA count.
+        kernel = to_numpy(dense._kernel) + to_numpy(dense.lora_kernel_a) @ to_numpy(dense.lora_kernel_b)  # alpha = rank
+        expected = x @ kernel + to_numpy(dense.bias)
+    elif variant == "int8":
+        dense.quantize("int8")
+        expected = to_numpy(dense(x))
+    else:
+        expected = np.maximum(x @ to_numpy(dense.kernel) + to_numpy(dense.bias), 0)
+    np.testing.assert_allclose(to_numpy(dense_linear(dense, x)), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="oneDNN is the path of torch's CPU build only")
