@@ -1,6 +1,7 @@
 """Helpers shared by the benchmarks: run each backend in its own process, time things."""
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -10,8 +11,31 @@ import numpy as np
 BACKENDS = ("jax", "tensorflow", "torch")
 
 
+def machine_description():
+    """The CPU this runs on, e.g. "AMD EPYC (family 25, model 1), 2 CPUs, AVX2, no AVX-512".
+
+    Figures differ between CPUs (an AVX-512 machine's matmuls ran twice as
+    fast as an AVX2 one's), so each benchmark run says which one it measured.
+    """
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:  # Not Linux.
+        return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    flags = fields.get("flags", "").split()
+    simd = "AVX-512" if "avx512f" in flags else ("AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
+    return (
+        f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, "
+        f"model {fields.get('model', '?')}), {os.cpu_count()} CPUs, {simd}"
+    )
+
+
 def run_per_backend(script, argv):
     """Runs `script` once per backend (each needs a fresh process); True if all ran."""
+    print(f"machine: {machine_description()}", flush=True)
     ok = True
     for backend in BACKENDS:
         env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from common import BACKENDS  # noqa: E402
+from common import BACKENDS, machine_description  # noqa: E402
 
 NANOGPT_VAL_LOSS = 1.88
 NANOGPT_EVAL_BATCHES = 20  # nanoGPT's CPU run estimates its validation loss on 20 random batches.
@@ -192,6 +192,7 @@ def mean_of(lines, architecture, prefix, marker):
 
 def run_all(args):
     """Every backend and the peer, each in its own process; prints the comparison."""
+    print(f"machine: {machine_description()}", flush=True)
     lines = {}
     for name in (*BACKENDS, "peer"):
         env = {**os.environ, "KERAS_BACKEND": "torch" if name == "peer" else name, "TF_CPP_MIN_LOG_LEVEL": "3"}
