@@ -1,5 +1,6 @@
 """Shared test helpers: backend-independent conversion, seeding, precision."""
 
+import gc
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -25,12 +26,18 @@ def random_inputs(*shape, seed=0):
 
 @pytest.fixture(autouse=True)
 def _float32_and_seeded():
-    """Every test starts in float32 with fixed seeds, and restores the policy."""
+    """Every test starts in float32 with fixed seeds, and restores the policy.
+
+    Afterwards it collects the test's garbage: Keras models hold reference
+    cycles, so a model's weights (1.3 GB for bert-large) outlive the test until
+    Python's rare full collection, and a suite's memory grew past 10 GB.
+    """
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(1234)
     yield
     keras.config.set_dtype_policy(policy)
+    gc.collect()
 
 
 def save_and_reload(model, tmp_path):
