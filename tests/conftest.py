@@ -25,7 +25,7 @@ def random_inputs(*shape, seed=0):
 
 
 @pytest.fixture(autouse=True)
-def _float32_and_seeded():
+def _float32_seeded_and_collected():
     """Every test starts in float32 with fixed seeds, and restores the policy.
 
     Afterwards it collects the test's garbage: Keras models hold reference
