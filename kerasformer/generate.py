@@ -223,14 +223,18 @@ class Generator:
         if self.kind == "decoder":
 
             def step(ids, index, cache, context):
-                logits, _, cache = model.compute_logits(ids, cache, index)
+                head_kernel = context[0] if context else None
+                logits, _, cache = model.compute_logits(ids, cache, index, head_kernel=head_kernel)
                 return logits, cache
 
         else:
 
             def step(ids, index, cache, context):
-                encoder_mask, cross_cache = context
-                logits, _, cache = model.decode(ids, None, encoder_mask, cache, cross_cache, index)
+                encoder_mask, cross_cache, *head = context
+                head_kernel = head[0] if head else None
+                logits, _, cache = model.decode(
+                    ids, None, encoder_mask, cache, cross_cache, index, head_kernel=head_kernel
+                )
                 return logits, cache
 
         return step
@@ -249,14 +253,19 @@ class Generator:
             token_ids, prompt_mask, limits, noise = map(repeat, (token_ids, prompt_mask, limits, noise))
         batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]  # Dynamic when exported.
         cache = model.empty_cache(batch, length)
+        # Transposed once, before the loop: inside it XLA copied the transposed
+        # table on every token (8 MB at V=8192, C=256), as KerasHub's loop does.
+        head_kernel = model.tied_head_kernel()  # (C, V), or None when untied
+        head = () if head_kernel is None else (head_kernel,)  # No None in the loop's inputs (torch traces them).
         if self.kind == "decoder":
             _, _, cache = model.compute_logits(token_ids, cache, 0)  # Prefill every position.
-            context = ()
+            context = head
         else:
             encoder_outputs, encoder_mask = model.encode(encoder_token_ids)
             context = (encoder_mask, model.cross_attention_cache(encoder_outputs))
             if num_beams > 1:  # Encoded once per example; its beams share it.
                 context = keras.tree.map_structure(repeat, context)
+            context += head
         inputs = (prompt_mask, limits, noise, stop_token_ids, context)
         done = ops.zeros((batch,), "bool")
         first_beam = ops.arange(num_beams) == 0

@@ -13,10 +13,15 @@ def gpt(**kwargs):
     return GPT(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, max_sequence_length=64, **kwargs)
 
 
-def seq2seq(builder):
-    model = builder(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64, tie_embeddings=False)
-    # A sharp random head, so that greedy tokens differ from step to step.
-    kernel = model.lm_head.kernel
+def seq2seq(builder, tie_embeddings=False):
+    model = builder(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64, tie_embeddings=tie_embeddings)
+    # Sharp random weights, so that greedy tokens differ from step to step: a
+    # sharp head, or (tied: the residual stream carries the input token to its
+    # own logit) a sharp last feed-forward layer.
+    if tie_embeddings:
+        kernel = model.decoder_blocks[-1].feedforward.sublayer.output_dense.kernel
+    else:
+        kernel = model.lm_head.kernel
     kernel.assign(np.random.default_rng(0).normal(0, 3, kernel.shape).astype("float32"))
     return model
 
@@ -37,7 +42,15 @@ def seq2seq_greedy_by_full_passes(model, source, steps, start=0):
     return target[1:]
 
 
-@pytest.mark.parametrize("options", [{}, {"position_type": "rotary", "num_key_value_heads": 1}], ids=["gpt2", "rotary_mqa"])
+GPT_OPTIONS = {
+    "gpt2": {},
+    "rotary_mqa": {"position_type": "rotary", "num_key_value_heads": 1},
+    # An untied head: the loop gets no transposed table (see Generator._loop).
+    "llama_untied": {"position_type": "rotary", "norm_type": "rms_norm", "activation": "swiglu", "tie_embeddings": False},
+}
+
+
+@pytest.mark.parametrize("options", GPT_OPTIONS.values(), ids=GPT_OPTIONS.keys())
 def test_gpt_cached_greedy_equals_full_passes_for_ragged_prompts(options):
     model = gpt(**options)
     prompts = [[5, 6, 7], [8, 9], [1, 2, 3, 4, 5, 6]]
@@ -52,9 +65,10 @@ def test_gpt_cached_greedy_equals_full_passes_for_ragged_prompts(options):
         assert list(row) == greedy_by_full_passes(model, prompt, 7)
 
 
+@pytest.mark.parametrize("tie_embeddings", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("builder", [T5, Transformer])
-def test_seq2seq_cached_greedy_equals_full_passes(builder):
-    model = seq2seq(builder)
+def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
+    model = seq2seq(builder, tie_embeddings)
     sources = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
     out = generate(model, sources, max_new_tokens=6, start_token_id=1)
     assert len(set(out.ravel().tolist())) > 1

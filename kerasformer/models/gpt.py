@@ -129,13 +129,17 @@ class GPT(TransformerModel):
                 dense.kernel.assign(residual_init(dense.kernel.shape))
         self._set_config(config)
 
-    def compute_logits(self, token_ids, cache=None, cache_update_index=None, padding_mask=None):
+    def compute_logits(
+        self, token_ids, cache=None, cache_update_index=None, padding_mask=None, head_kernel=None
+    ):
         """Logits for `token_ids` `(B, T)`; with a cache, placed at `cache_update_index`.
 
         `cache` is a tuple of `(B, 2, max_length, K, D)` tensors, one per block
         (see `empty_cache`); the keys and values of these tokens are written
         into it. `padding_mask` `(B, T)` (without a cache) hides padded keys,
-        e.g. left padding. Returns `(logits (B, T, V), hidden (B, T, C), cache or None)`.
+        e.g. left padding. `head_kernel` is `tied_head_kernel()`, computed once
+        by a caller that calls this in a loop. Returns
+        `(logits (B, T, V), hidden (B, T, C), cache or None)`.
         """
         start = 0 if cache_update_index is None else cache_update_index
         x = self.token_embedding(token_ids)  # (B, T, C)
@@ -156,8 +160,12 @@ class GPT(TransformerModel):
         if self.lm_head is not None:
             logits = self.lm_head(x)  # (B, T, V)
         else:
-            logits = self.token_embedding(x, reverse=True)  # (B, T, V)
+            logits = self.token_embedding(x, reverse=True, transposed_table=head_kernel)  # (B, T, V)
         return logits, x, (tuple(caches) if caches else None)
+
+    def tied_head_kernel(self):
+        """The tied LM head's `(C, V)` kernel (the token table transposed), or None if untied."""
+        return None if self.lm_head is not None else self.token_embedding.transposed_table()
 
     def empty_cache(self, batch_size, max_length):
         """A zero KV cache for `compute_logits`: a `(B, 2, max_length, K, D)` tensor per block."""

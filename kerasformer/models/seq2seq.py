@@ -43,13 +43,15 @@ class EncoderDecoderModel(TransformerModel):
         self_attention_cache=None,
         cross_attention_cache=None,
         cache_update_index=None,
+        head_kernel=None,
     ):
         """Logits for `decoder_token_ids`, placed at `cache_update_index` with caches.
 
         Caches are tuples of `(B, 2, length, K, D)` tensors, one per block:
         `self_attention_cache` (from `empty_cache`) is written and returned;
         `cross_attention_cache` (from `cross_attention_cache`) is only read.
-        Returns `(logits, hidden, cache)`.
+        `head_kernel` is `tied_head_kernel()`, computed once by a caller that
+        decodes in a loop. Returns `(logits, hidden, cache)`.
         """
         start = 0 if cache_update_index is None else cache_update_index
         x = self.target_embedding(decoder_token_ids)  # (B, T, C)
@@ -85,8 +87,12 @@ class EncoderDecoderModel(TransformerModel):
             logits = self.lm_head(x)  # (B, T, V)
         else:
             scaled = x if self.output_scale is None else x * self.output_scale
-            logits = self.target_embedding(scaled, reverse=True)  # (B, T, V)
+            logits = self.target_embedding(scaled, reverse=True, transposed_table=head_kernel)  # (B, T, V)
         return logits, x, (tuple(caches) if caches else None)
+
+    def tied_head_kernel(self):
+        """The tied LM head's `(C, V)` kernel (the target table transposed), or None if untied."""
+        return None if self.lm_head is not None else self.target_embedding.transposed_table()
 
     def cross_attention_cache(self, encoder_outputs):
         """Keys and values of the encoder outputs for each decoder block, computed once."""

@@ -16,6 +16,12 @@ def test_lookup_and_reverse_match_numpy():
     np.testing.assert_allclose(looked_up, table[ids] * 2.0, rtol=1e-6)
     hidden = random_inputs(2, 3, 6)
     np.testing.assert_allclose(to_numpy(layer(hidden, reverse=True)), hidden @ table.T, rtol=1e-5, atol=1e-6)
+    # A loop passes the transposed table it computed once (generation).
+    transposed = layer.transposed_table()
+    np.testing.assert_array_equal(to_numpy(transposed), table.T)
+    np.testing.assert_allclose(
+        to_numpy(layer(hidden, reverse=True, transposed_table=transposed)), hidden @ table.T, rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
