@@ -134,7 +134,7 @@ def _beam_body(step, num_beams, pad_token_id):
         examples = ops.shape(scores)[0]
         source = ops.reshape(ops.arange(examples)[:, None] * num_beams + origin, (-1,))  # (B*K,)
         token_ids = ops.take(token_ids, source, axis=0)  # (B*K, L)
-        cache = tuple(ops.take(layer, source, axis=0) for layer in cache)  # (B*K, 2, S, K, D) each
+        cache = tuple(ops.take(layer, source, axis=0) for layer in cache)  # (B*K, 2, heads, S, D) each
         done = ops.take(done, source, axis=0)
         token_ids = ops.slice_update(token_ids, (0, index), ops.cast(chosen, "int32")[:, None])
         stopped = ops.any(chosen[:, None] == stop_token_ids[None, :], axis=-1)

@@ -219,10 +219,10 @@ class DecoderBlock(_TransformerBlock):
             `encoder_outputs`.
         self_attention_bias, cross_attention_bias: additive biases.
         use_causal_mask: causal self-attention (default True).
-        self_attention_cache: `(B, 2, S_max, K, D)`, with
+        self_attention_cache: `(B, 2, K, S_max, D)`, with
             `cache_update_index`, for incremental decoding.
         cache_update_index: position of the first of `inputs`.
-        cross_attention_cache: `(B, 2, S, K, D)` precomputed by
+        cross_attention_cache: `(B, 2, K, S, D)` precomputed by
             `block.cross_attention.sublayer.compute_cache(encoder_outputs)`.
         return_attention_scores: also return the probabilities.
 

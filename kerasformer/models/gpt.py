@@ -134,7 +134,7 @@ class GPT(TransformerModel):
     ):
         """Logits for `token_ids` `(B, T)`; with a cache, placed at `cache_update_index`.
 
-        `cache` is a tuple of `(B, 2, max_length, K, D)` tensors, one per block
+        `cache` is a tuple of `(B, 2, K, max_length, D)` tensors, one per block
         (see `empty_cache`); the keys and values of these tokens are written
         into it. `padding_mask` `(B, T)` (without a cache) hides padded keys,
         e.g. left padding. `head_kernel` is `tied_head_kernel()`, computed once
@@ -153,7 +153,7 @@ class GPT(TransformerModel):
             else:
                 x, layer_cache = block(
                     x, self_attention_cache=cache[i], cache_update_index=cache_update_index
-                )  # (B, T, C), (B, 2, S_max, K, D)
+                )  # (B, T, C), (B, 2, K, S_max, D)
                 caches.append(layer_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -168,5 +168,5 @@ class GPT(TransformerModel):
         return None if self.lm_head is not None else self.token_embedding.transposed_table()
 
     def empty_cache(self, batch_size, max_length):
-        """A zero KV cache for `compute_logits`: a `(B, 2, max_length, K, D)` tensor per block."""
+        """A zero KV cache for `compute_logits`: a `(B, 2, K, max_length, D)` tensor per block."""
         return empty_cache(self.blocks, batch_size, max_length, self.compute_dtype)

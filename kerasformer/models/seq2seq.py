@@ -47,7 +47,7 @@ class EncoderDecoderModel(TransformerModel):
     ):
         """Logits for `decoder_token_ids`, placed at `cache_update_index` with caches.
 
-        Caches are tuples of `(B, 2, length, K, D)` tensors, one per block:
+        Caches are tuples of `(B, 2, K, length, D)` tensors, one per block:
         `self_attention_cache` (from `empty_cache`) is written and returned;
         `cross_attention_cache` (from `cross_attention_cache`) is only read.
         `head_kernel` is `tied_head_kernel()`, computed once by a caller that
@@ -60,7 +60,7 @@ class EncoderDecoderModel(TransformerModel):
         x = self.dropout_layer(x)
         bias = None
         if self.decoder_position_bias is not None:
-            keys = x if self_attention_cache is None else self_attention_cache[0][:, 0]
+            keys = x if self_attention_cache is None else self_attention_cache[0][:, 0, 0]  # (B, S, D)
             bias = self.decoder_position_bias(x, keys, query_start=start)  # (1, H, T, S)
         caches = []
         for i, block in enumerate(self.decoder_blocks):
@@ -79,7 +79,7 @@ class EncoderDecoderModel(TransformerModel):
                     self_attention_cache=self_attention_cache[i],
                     cache_update_index=cache_update_index,
                     cross_attention_cache=cross_attention_cache[i],
-                )  # (B, T, C), (B, 2, S_max, K, D)
+                )  # (B, T, C), (B, 2, K, S_max, D)
                 caches.append(layer_cache)
         if self.decoder_final_norm is not None:
             x = self.dropout_layer(self.decoder_final_norm(x))
@@ -98,10 +98,10 @@ class EncoderDecoderModel(TransformerModel):
         """Keys and values of the encoder outputs for each decoder block, computed once."""
         return tuple(
             b.cross_attention.sublayer.compute_cache(encoder_outputs) for b in self.decoder_blocks
-        )  # (B, 2, S, K, D) per block
+        )  # (B, 2, K, S, D) per block
 
     def empty_cache(self, batch_size, max_length):
-        """A zero decoder self-attention cache: a `(B, 2, max_length, K, D)` tensor per block."""
+        """A zero decoder self-attention cache: a `(B, 2, K, max_length, D)` tensor per block."""
         return empty_cache(self.decoder_blocks, batch_size, max_length, self.compute_dtype)
 
     def _build_graph(self, parts, **kwargs):

@@ -161,14 +161,14 @@ def test_incremental_decoding_with_cache_equals_full_causal_pass(use_rotary, num
         num_heads=H, num_key_value_heads=num_key_value_heads, use_rotary=use_rotary
     )
     full = to_numpy(layer(x, use_causal_mask=True))
-    cache = np.zeros((B, 2, T, num_key_value_heads, C // H), "float32")
+    cache = np.zeros((B, 2, num_key_value_heads, T, C // H), "float32")
     steps = []
     for t in range(T):
         out, cache = layer(x[:, t : t + 1], cache=cache, cache_update_index=t)
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
     # A prompt of 3 tokens at once, then single tokens.
-    cache = np.zeros((B, 2, T, num_key_value_heads, C // H), "float32")
+    cache = np.zeros((B, 2, num_key_value_heads, T, C // H), "float32")
     out, cache = layer(x[:, :3], cache=cache, cache_update_index=0)
     np.testing.assert_allclose(to_numpy(out), full[:, :3], atol=1e-5)
     out, cache = layer(x[:, 3:4], cache=cache, cache_update_index=3)
@@ -180,7 +180,7 @@ def test_cross_attention_cache_is_computed_once_and_equals_no_cache():
     layer = MultiHeadAttention(num_heads=2)
     expected = to_numpy(layer(x, memory))
     cache = layer.compute_cache(memory)
-    assert tuple(cache.shape) == (2, 2, 5, 2, 8)
+    assert tuple(cache.shape) == (2, 2, 2, 5, 8)  # (B, 2, K, S, D)
     out, same_cache = layer(x, cache=cache)
     np.testing.assert_allclose(to_numpy(out), expected, atol=1e-5)
     np.testing.assert_array_equal(to_numpy(same_cache), to_numpy(cache))

@@ -125,7 +125,7 @@ def test_stack_decoding_with_cache_equals_full_pass(cross):
     full = to_numpy(full)
 
     head_dim = C // H
-    caches = [np.zeros((B, 2, T, 2, head_dim), "float32") for _ in blocks]
+    caches = [np.zeros((B, 2, 2, T, head_dim), "float32") for _ in blocks]  # (B, 2, K, S, D)
     cross_caches = [block.cross_attention.sublayer.compute_cache(memory) if cross else None for block in blocks]
     outputs = []
     for t in range(T):
