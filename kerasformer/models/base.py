@@ -70,8 +70,9 @@ class TaskModel(TransformerModel):
 
 def empty_cache(blocks, batch_size, max_length, dtype):
     """A zero KV cache for the self-attention of `blocks`: one `(B, 2, K, max_length, D)`
-    tensor per block (heads-major, see `layers/attention.py`), in a tuple (separate tensors, so a step updates each in place
-    under XLA and copies nothing else)."""
+    tensor per block (heads-major, see `layers/attention.py`), in a tuple
+    (separate tensors, so a step updates each in place under XLA and copies
+    nothing else)."""
     attention = blocks[0].self_attention.sublayer
     shape = (batch_size, 2, attention.num_key_value_heads, max_length, attention.head_dim)
     return tuple(keras.ops.zeros(shape, dtype=dtype) for _ in blocks)
