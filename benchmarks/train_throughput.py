@@ -12,7 +12,20 @@ Times alternating rounds of both models and prints the best training tokens/s
 of each, their ratio, and the model-FLOPs utilization: tokens/s x FLOPs/token
 (6N + 12 L T d, as nanoGPT counts) over this machine's measured fp32 matmul
 rate: the best of numpy's and each installed framework's own 2048 x 2048
-matmul (all are printed).
+matmul, measured again after every round (all are printed).
+
+It also prints the matmul ceiling of that MFU: every matmul of one training
+step (forward, input and kernel gradients, the attention core's batched
+products), each timed alone as a plain product of its shape with the
+backend's own compiled matmul, summed. A step whose matmuls run at their
+standalone speed takes at least that long; the rest of the step is
+everything else (norms, activations, softmax, loss, optimizer, layout copies).
+
+Both models read the same batches through the same input path,
+`kerasformer.data.ArrayBatches` (a `PyDataset`), read by `keras.Model.fit`.
+The tf.data pipeline that KerasHub's own `fit` builds stalled some TF
+processes by ~0.3 s per step, even with tf.data's autotuner off (KerasHub
+3688-7192 tok/s between runs of the same code), which inflated the ratio.
 
     python benchmarks/train_throughput.py --all [--allocator system]
 """
@@ -81,6 +94,103 @@ def machine_matmul_rates(repeats=5):
     return rates
 
 
+def step_matmuls(c):
+    """`(count, batch, m, k, n)` of every matmul in one training step of the GPT of config `c`.
+
+    Their FLOPs sum to the MFU's count, 6N + 12 L T d per token, less the
+    params outside matmuls (norms, biases). Attention counts its full
+    (T, T) products, as that formula does.
+    """
+    tokens, width, layers = c["batch"] * c["length"], c["hidden_dim"], c["num_layers"]
+    heads, length, head_dim = c["batch"] * c["num_heads"], c["length"], c["hidden_dim"] // c["num_heads"]
+    shapes = []
+    # q/k/v together, attention output, FFN up and down; then the tied head.
+    projections = [(width, 3 * width, layers), (width, width, layers), (width, 4 * width, layers)]
+    projections += [(4 * width, width, layers), (width, c["vocab_size"], 1)]
+    for fan_in, fan_out, count in projections:
+        shapes += [
+            (count, 1, tokens, fan_in, fan_out),  # forward
+            (count, 1, tokens, fan_out, fan_in),  # input gradient
+            (count, 1, fan_in, tokens, fan_out),  # kernel gradient
+        ]
+    shapes += [
+        (layers, heads, length, head_dim, length),  # scores q k^T
+        (layers, heads, length, length, head_dim),  # probabilities @ v
+        (layers, heads, length, head_dim, length),  # probabilities' gradient
+        (3 * layers, heads, length, length, head_dim),  # gradients of v, q and k
+    ]
+    return shapes
+
+
+def step_matmul_seconds(shapes, repeats=5, calls=4):
+    """Seconds of the matmuls `shapes` (see `step_matmuls`), each timed alone, summed; and their FLOPs.
+
+    Each shape runs as a plain `a (batch, m, k) @ b (batch, k, n)` through
+    the backend's own compiled product: XLA on TF and JAX; on torch the
+    oneDNN path of `kerasformer.layers.linear` for 2-D products, as the
+    model's projections take, and `torch.matmul` for batched ones. Best of
+    `repeats` runs of `calls` back-to-back products, less the time of an
+    8 x 8 product: the call's own cost from Python (~0.35 ms for a TF
+    function), which the compiled step does not pay per matmul.
+    """
+    import keras
+    import numpy as np
+
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(0)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        product = tf.function(tf.linalg.matmul, jit_compile=True)
+        convert, wait = tf.constant, np.asarray
+    elif backend == "jax":
+        import jax
+
+        product, convert, wait = jax.jit(jax.numpy.matmul), jax.numpy.asarray, jax.block_until_ready
+    else:
+        import torch
+
+        from kerasformer.layers.linear import linear
+
+        def product(a, b):
+            return linear(a, b) if a.ndim == 2 else torch.matmul(a, b)
+
+        convert, wait = torch.from_numpy, lambda t: t
+
+    def seconds(batch, m, k, n):
+        lead = () if batch == 1 else (batch,)
+        a = convert(rng.standard_normal((*lead, m, k)).astype("float32"))
+        b = convert(rng.standard_normal((*lead, k, n)).astype("float32"))
+        wait(product(a, b))  # compiles
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                result = product(a, b)
+            wait(result)
+            best = min(best, (time.perf_counter() - start) / calls)
+        return best
+
+    call_overhead = seconds(1, 8, 8, 8)
+    total_seconds = total_flops = 0.0
+    for count, batch, m, k, n in shapes:
+        total_seconds += count * max(seconds(batch, m, k, n) - call_overhead, 0.0)
+        total_flops += count * 2 * batch * m * k * n
+    return total_seconds, total_flops
+
+
+def fit(model, batches, steps):
+    """`keras.Model.fit` for one epoch of `steps` steps, for either model.
+
+    KerasHub's tasks override `fit` only to turn any input into a tf.data (or
+    grain) pipeline for their preprocessor; with `preprocessor=None` Keras's
+    own `fit` runs the same training step on the `PyDataset` both models read.
+    """
+    import keras
+
+    keras.Model.fit(model, batches, epochs=1, steps_per_epoch=steps, verbose=0)
+
+
 def compile_and_warm_up(model, batches, loss, optimizer):
     """Compiles `fit` as `kerasformer train` does and runs a few steps (tracing, XLA)."""
     from kerasformer.train import resolve_jit_compile
@@ -90,28 +200,14 @@ def compile_and_warm_up(model, batches, loss, optimizer):
     # KerasHub's `CausalLM.compile` would add a token accuracy by default
     # (an argmax over the (B, T, V) logits every step, ~15 ms on TF).
     model.compile(optimizer=optimizer, loss=loss, weighted_metrics=[], jit_compile=jit_compile)
-    model.fit(batches, epochs=1, steps_per_epoch=3, verbose=0)
+    fit(model, batches, steps=3)
 
 
 def tokens_per_second(model, batches, steps):
     """Training tokens/s of one timed `fit` of `steps` steps."""
     start = time.perf_counter()
-    model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
+    fit(model, batches, steps)
     return steps * CONFIG["batch"] * CONFIG["length"] / (time.perf_counter() - start)
-
-
-def keras_hub_batches(inputs, labels):
-    """KerasHub's input path: its tasks turn any input into a tf.data pipeline.
-
-    Without tf.data's autotuner, which stalled half of all processes by ~0.3 s
-    per step on 2 cores (see `kerasformer.data.default_workers`).
-    """
-    import tensorflow as tf
-
-    dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(CONFIG["batch"]).repeat()
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.with_options(options)
 
 
 def main():
@@ -152,10 +248,10 @@ def main():
         hidden_dim=c["hidden_dim"], intermediate_dim=4 * c["hidden_dim"], max_sequence_length=c["length"], dropout=0.0,
     )
     theirs = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    # Each library's input path, both free of tf.data's autotune stall:
-    # `kerasformer train`'s batches, and a tf.data pipeline for KerasHub.
+    # One input path for both: `kerasformer train`'s batches (see the module docstring).
     ours_batches = ArrayBatches(x, y, batch_size=c["batch"], steps=args.steps)
-    their_batches = keras_hub_batches({"token_ids": x, "padding_mask": np.ones_like(x, bool)}, y)
+    their_inputs = {"token_ids": x, "padding_mask": np.ones_like(x, bool)}
+    their_batches = ArrayBatches(their_inputs, y, batch_size=c["batch"], steps=args.steps)
     # Each library's own training loss: what `kerasformer train` and
     # `GPT2CausalLM.compile()` use (the values are equal; see losses.py);
     # and its AdamW (the same arithmetic; see optimizers.py).
@@ -165,26 +261,35 @@ def main():
     )
     # Alternating rounds, best of each: a background hiccup in one round
     # cannot decide the ratio. The machine's rate drifts with its neighbours'
-    # load: it is measured again after every round and at the end, and the
-    # best figure counts, so a slow moment cannot inflate the MFU.
+    # load: every framework's rate is measured again after every round, and
+    # each one's best figure counts, so a slow moment cannot inflate the MFU.
     ours_rate = theirs_rate = 0.0
+    rates = {"numpy": machine}
     for _ in range(args.rounds):
         ours_rate = max(ours_rate, tokens_per_second(ours, ours_batches, args.steps))
         theirs_rate = max(theirs_rate, tokens_per_second(theirs, their_batches, args.steps))
-        machine = max(machine, matmul_rate(np.matmul))
+        for name, rate in machine_matmul_rates().items():
+            rates[name] = max(rates.get(name, 0.0), rate)
 
     non_position_params = ours.count_params() - c["length"] * c["hidden_dim"]
     flops_per_token = 6 * non_position_params + 12 * c["num_layers"] * c["length"] * c["hidden_dim"]
-    rates = machine_matmul_rates(repeats=10)
-    rates["numpy"] = max(machine, rates["numpy"])
     best = max(rates, key=rates.get)
     achieved = ours_rate * flops_per_token
+    matmul_seconds, matmul_flops = step_matmul_seconds(step_matmuls(c))
+    step_seconds = c["batch"] * c["length"] / ours_rate
     print(
         f"{keras.backend.backend():10s} allocator {args.allocator} | kerasformer {ours_rate:8.0f} tok/s | KerasHub {theirs_rate:8.0f} tok/s | "
         f"ratio {ours_rate / theirs_rate:4.2f}x | {achieved / 1e9:.0f} GFLOP/s = MFU {achieved / rates[best]:5.1%} of the "
         f"machine's best measured fp32 matmul ({best}, {rates[best] / 1e9:.0f} GFLOP/s; "
         + ", ".join(f"{name} {rate / 1e9:.0f}" for name, rate in rates.items())
         + ")",
+        flush=True,
+    )
+    print(
+        f"{keras.backend.backend():10s} matmul ceiling | the step's {matmul_flops / 1e9:.1f} GFLOP of matmuls, each alone: "
+        f"{matmul_seconds * 1e3:.0f} ms = {matmul_flops / matmul_seconds / 1e9:.0f} GFLOP/s, an MFU ceiling of "
+        f"{flops_per_token * c['batch'] * c['length'] / matmul_seconds / rates[best]:5.1%} (the step in that time) | kerasformer's step {step_seconds * 1e3:.0f} ms, "
+        f"{(step_seconds - matmul_seconds) * 1e3:.0f} ms beyond its matmuls",
         flush=True,
     )
 
