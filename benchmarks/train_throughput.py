@@ -25,10 +25,16 @@ On 2 Zen 5 cores the ceiling came out at 81-86% MFU, and the steps spent
 77-148 ms beyond their ~190-200 ms of matmuls.
 
 Both models read the same batches through the same input path,
-`kerasformer.data.ArrayBatches` (a `PyDataset`), read by `keras.Model.fit`.
-The tf.data pipeline that KerasHub's own `fit` builds stalled some TF
-processes by ~0.3 s per step, even with tf.data's autotuner off (KerasHub
-3688-7192 tok/s between runs of the same code), which inflated the ratio.
+`kerasformer.data.ArrayBatches` (a `PyDataset`), read by `keras.Model.fit`,
+so that the ratio compares training steps, not input pipelines.
+
+On TF, KerasHub's speed varies between processes far more than ours: on 2
+Zen 5 cores, 3119-6101 tok/s in four processes of the same code, while ours
+ran 5471-7026 in processes interleaved with them. This happened with this
+input path and with a tf.data pipeline, so it is not the input. Its slow
+processes coincided with our slower ones: KerasHub loses more when the
+machine slows. The ratio is then 1.4-1.9x instead of 1.03-1.15x. Compare
+ratios from several runs.
 
     python benchmarks/train_throughput.py --all [--allocator system]
 """
