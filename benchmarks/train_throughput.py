@@ -33,7 +33,7 @@ Zen 5 cores, 3119-6101 tok/s in four processes of the same code, while ours
 ran 5471-7026 in processes interleaved with them. This happened with this
 input path and with a tf.data pipeline, so it is not the input. Its slow
 processes coincided with our slower ones: KerasHub loses more when the
-machine slows. The ratio is then 1.4-1.9x instead of 1.03-1.15x. Compare
+machine slows. The ratio is then up to 1.9x instead of 1.03-1.15x. Compare
 ratios from several runs.
 
     python benchmarks/train_throughput.py --all [--allocator system]
