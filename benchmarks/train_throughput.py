@@ -40,6 +40,7 @@ ratios from several runs.
 """
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -146,58 +147,48 @@ def step_matmul_seconds(shapes, repeats=5, calls=4):
     it may cost is the smaller one), so XLA can neither merge nor overlap
     them.
     """
+    import math
+
     import keras
     import numpy as np
+    from keras import ops
 
     backend = keras.backend.backend()
     rng = np.random.default_rng(0)
+    matmul, convert, wait = ops.matmul, ops.convert_to_tensor, ops.convert_to_numpy
     if backend == "tensorflow":
         import tensorflow as tf
-        from tensorflow.compiler.tf2xla.python import xla
 
-        def chain(length):
-            def products(a, b):
-                for _ in range(length):
-                    out = tf.linalg.matmul(a, b)
-                    if a.shape.num_elements() <= b.shape.num_elements():
-                        a = xla.dynamic_update_slice(a, a[..., :1, :1] + out[..., :1, :1] * 0.0, [0] * len(a.shape))
-                    else:
-                        b = xla.dynamic_update_slice(b, b[..., :1, :1] + out[..., :1, :1] * 0.0, [0] * len(b.shape))
-                return out[..., 0, 0]
-
-            return tf.function(products, jit_compile=True)
-
-        convert, wait = tf.constant, np.asarray
+        compile_xla = functools.partial(tf.function, jit_compile=True)
     elif backend == "jax":
         import jax
 
-        def chain(length):
-            def products(a, b):
-                for _ in range(length):
-                    out = jax.numpy.matmul(a, b)
-                    if a.size <= b.size:
-                        a = a.at[..., 0, 0].add(out[..., 0, 0] * 0.0)
-                    else:
-                        b = b.at[..., 0, 0].add(out[..., 0, 0] * 0.0)
-                return out[..., 0, 0]
-
-            return jax.jit(products)
-
-        convert, wait = jax.numpy.asarray, jax.block_until_ready
-    else:
+        compile_xla, wait = jax.jit, jax.block_until_ready
+    else:  # Eager torch: nothing merges the products.
         import torch
 
         from kerasformer.layers.linear import linear
 
-        def chain(length):
-            def products(a, b):
-                for _ in range(length):
-                    out = linear(a, b) if a.ndim == 2 else torch.matmul(a, b)
-                return out[..., 0, 0]
+        compile_xla, wait = None, lambda t: t
 
-            return products
+        def matmul(a, b):
+            return linear(a, b) if a.ndim == 2 else torch.matmul(a, b)
 
-        convert, wait = torch.from_numpy, lambda t: t
+    def written(x, out):  # x with its first element made to depend on `out`
+        return ops.slice_update(x, [0] * len(x.shape), x[..., :1, :1] + out[..., :1, :1] * 0.0)
+
+    def chain(length):
+        def products(a, b):
+            for _ in range(length):
+                out = matmul(a, b)
+                if compile_xla is not None:
+                    if math.prod(a.shape) <= math.prod(b.shape):
+                        a = written(a, out)
+                    else:
+                        b = written(b, out)
+            return out[..., 0, 0]
+
+        return products if compile_xla is None else compile_xla(products)
 
     def best_seconds(function, a, b):
         wait(function(a, b))  # compiles
