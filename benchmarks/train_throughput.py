@@ -37,6 +37,16 @@ machine slows. The ratio is then up to 1.9x instead of 1.03-1.15x. Compare
 ratios from several runs.
 
     python benchmarks/train_throughput.py --all [--allocator system]
+
+On a GPU the same script measures a published size in bf16 against the
+accelerator's stated peak (a measured matmul rate is printed beside it):
+
+    KERAS_BACKEND=jax python benchmarks/train_throughput.py --preset gpt2-small \
+        --precision bf16 --batch 16 --peak-tflops 989      # an H200's dense bf16
+
+`benchmarks/gpu_bf16.sh` runs that for JAX and torch. Without KerasHub
+installed (it needs TensorFlow for its tokenizers, though not for its
+models) only kerasformer is timed.
 """
 
 import argparse
@@ -48,9 +58,34 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import numpy as np  # noqa: E402
 from common import run_per_backend  # noqa: E402
 
 CONFIG = dict(vocab_size=8192, num_layers=4, num_heads=4, hidden_dim=256, length=128, batch=16)
+
+
+def benchmark_config(preset=None, batch=None, length=None):
+    """`CONFIG`, or the architecture of the GPT preset `preset`; `batch` and `length` override.
+
+    A preset's context is its `max_sequence_length` unless `length` is given.
+    """
+    c = dict(CONFIG)
+    if preset is not None:
+        from kerasformer.models import GPT
+        from kerasformer.models.presets import PRESETS
+
+        gpt_presets = sorted(name for name, (builder, _) in PRESETS.items() if builder is GPT)
+        if preset not in gpt_presets:
+            raise ValueError(f"`--preset` must be a GPT preset, one of {gpt_presets}; got {preset!r}.")
+        arguments = PRESETS[preset][1]
+        c.update({key: arguments[key] for key in ("vocab_size", "num_layers", "num_heads", "hidden_dim")})
+        c["length"] = arguments["max_sequence_length"]
+    for key, value in (("batch", batch), ("length", length)):
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"`--{key}` must be a positive integer, got {value}.")
+            c[key] = value
+    return c
 
 
 def matmul_rate(matmul, size=2048, repeats=5, convert=lambda a: a, wait=lambda c: c):
@@ -59,7 +94,6 @@ def matmul_rate(matmul, size=2048, repeats=5, convert=lambda a: a, wait=lambda c
     `convert` turns the numpy input into the framework's tensor once, outside
     the timing; `wait` blocks until an asynchronous result is ready.
     """
-    import numpy as np
 
     a = convert(np.random.rand(size, size).astype("float32"))
     best = 0.0
@@ -77,7 +111,6 @@ def machine_matmul_rates(repeats=5):
     kernels run far above numpy's BLAS (seen: 466 vs 268 GFLOP/s with
     AVX-512), and an MFU over the slower one would flatter the model.
     """
-    import numpy as np
 
     rates = {"numpy": matmul_rate(np.matmul, repeats=repeats)}
     try:
@@ -102,6 +135,40 @@ def machine_matmul_rates(repeats=5):
     except ImportError:
         pass
     return rates
+
+
+def accelerator_matmul_rate(dtype, size=8192, products=10, repeats=3):
+    """FLOP/s of the backend's own `size`^2 matmul in `dtype` on its default device (a GPU).
+
+    Times `products` queued products per measurement, so that the launch and
+    the final synchronization are a small part of it; best of `repeats`.
+    """
+    import keras
+    from keras import ops
+
+    backend = keras.backend.backend()
+    a = ops.cast(ops.convert_to_tensor(np.random.rand(size, size).astype("float32")), dtype)
+    if backend == "jax":
+        import jax
+
+        matmul, wait = jax.jit(jax.numpy.matmul), jax.block_until_ready
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        matmul, wait = tf.function(tf.linalg.matmul, jit_compile=True), lambda c: c.numpy()
+    else:
+        import torch
+
+        matmul, wait = torch.matmul, lambda c: torch.cuda.synchronize() if c.is_cuda else c
+    wait(matmul(a, a))  # compiles
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(products):
+            c = matmul(a, a)
+        wait(c)
+        best = max(best, products * 2 * size**3 / (time.perf_counter() - start))
+    return best
 
 
 def step_matmuls(c):
@@ -150,7 +217,6 @@ def step_matmul_seconds(shapes, repeats=5, calls=4):
     import math
 
     import keras
-    import numpy as np
     from keras import ops
 
     backend = keras.backend.backend()
@@ -235,11 +301,17 @@ def compile_and_warm_up(model, batches, loss, optimizer):
     fit(model, batches, steps=3)
 
 
-def tokens_per_second(model, batches, steps):
-    """Training tokens/s of one timed `fit` of `steps` steps."""
+def tokens_per_second(model, batches, steps, c):
+    """Training tokens/s of one timed `fit` of `steps` steps of config `c`."""
+    import keras
+
+    # Reading one small variable back waits for every queued step (a GPU's
+    # stream, JAX's asynchronous dispatch): all steps then lie in the timing.
+    smallest = min(model.trainable_variables, key=lambda v: int(np.prod(v.shape)))
     start = time.perf_counter()
     fit(model, batches, steps)
-    return steps * CONFIG["batch"] * CONFIG["length"] / (time.perf_counter() - start)
+    keras.ops.convert_to_numpy(smallest.value)
+    return steps * c["batch"] * c["length"] / (time.perf_counter() - start)
 
 
 def main():
@@ -248,77 +320,115 @@ def main():
     parser.add_argument("--steps", type=int, default=20, help="training steps per timed round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds per model; the best counts")
     parser.add_argument("--allocator", default="reuse", help="reuse (as `kerasformer train`) or system, for both models")
+    parser.add_argument("--preset", help="a GPT preset's architecture (e.g. gpt2-small) instead of the small config")
+    parser.add_argument("--batch", type=int, help=f"sequences per step (default {CONFIG['batch']})")
+    parser.add_argument("--length", type=int, help="tokens per sequence (default: the config's context)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: mixed_bfloat16 for both models")
+    parser.add_argument(
+        "--peak-tflops", type=float,
+        help="MFU over this stated peak (e.g. 989: an H200's dense bf16) instead of the measured fp32 CPU matmul rate",
+    )
     args = parser.parse_args()
     if args.all:
         sys.exit(0 if run_per_backend(__file__, sys.argv[1:]) else 1)
-
-    import numpy as np
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        parser.error(f"--peak-tflops must be positive, got {args.peak_tflops}")
+    c = benchmark_config(args.preset, args.batch, args.length)
 
     from kerasformer.allocator import set_allocator
 
     set_allocator(args.allocator)  # Before the frameworks' threads allocate.
 
     # Before any model runs: the frameworks' idle worker threads slow numpy down.
-    machine = matmul_rate(np.matmul)  # numpy's BLAS: the machine's fp32 matmul rate.
+    machine = None if args.peak_tflops else matmul_rate(np.matmul)  # numpy's BLAS
 
     import keras
-    import keras_hub
+
+    try:
+        import keras_hub
+    except ImportError:  # e.g. a GPU machine without TensorFlow: kerasformer alone.
+        keras_hub = None
+        print("KerasHub is not installed: timing kerasformer alone, no ratio.", flush=True)
 
     from kerasformer.data import ArrayBatches
     from kerasformer.losses import TokenCrossEntropy
     from kerasformer.models import GPT
     from kerasformer.optimizers import AdamW
 
-    c = CONFIG
+    if args.precision == "bf16":
+        keras.config.set_dtype_policy("mixed_bfloat16")  # As `kerasformer train --precision bf16`.
     rng = np.random.default_rng(0)
-    tokens = rng.integers(1, c["vocab_size"], (c["batch"] * args.steps, c["length"] + 1)).astype("int32")
+    steps = max(args.steps, 3)  # The warm-up's 3 steps read batches too.
+    tokens = rng.integers(1, c["vocab_size"], (c["batch"] * steps, c["length"] + 1)).astype("int32")
     x, y = tokens[:, :-1], tokens[:, 1:]
 
     ours = GPT(c["vocab_size"], c["num_layers"], c["num_heads"], c["hidden_dim"], max_sequence_length=c["length"])
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=c["vocab_size"], num_layers=c["num_layers"], num_heads=c["num_heads"],
-        hidden_dim=c["hidden_dim"], intermediate_dim=4 * c["hidden_dim"], max_sequence_length=c["length"], dropout=0.0,
-    )
-    theirs = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     # One input path for both: `kerasformer train`'s batches (see the module docstring).
-    ours_batches = ArrayBatches(x, y, batch_size=c["batch"], steps=args.steps)
-    their_inputs = {"token_ids": x, "padding_mask": np.ones_like(x, bool)}
-    their_batches = ArrayBatches(their_inputs, y, batch_size=c["batch"], steps=args.steps)
+    ours_batches = ArrayBatches(x, y, batch_size=c["batch"], steps=steps)
     # Each library's own training loss: what `kerasformer train` and
     # `GPT2CausalLM.compile()` use (the values are equal; see losses.py);
     # and its AdamW (the same arithmetic; see optimizers.py).
     compile_and_warm_up(ours, ours_batches, TokenCrossEntropy(), AdamW(1e-4))
-    compile_and_warm_up(
-        theirs, their_batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.AdamW(1e-4)
-    )
+    theirs = None
+    if keras_hub is not None:
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=c["vocab_size"], num_layers=c["num_layers"], num_heads=c["num_heads"],
+            hidden_dim=c["hidden_dim"], intermediate_dim=4 * c["hidden_dim"], max_sequence_length=c["length"],
+            dropout=0.0,
+        )
+        theirs = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+        their_inputs = {"token_ids": x, "padding_mask": np.ones_like(x, bool)}
+        their_batches = ArrayBatches(their_inputs, y, batch_size=c["batch"], steps=steps)
+        compile_and_warm_up(
+            theirs, their_batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            keras.optimizers.AdamW(1e-4),
+        )
     # Alternating rounds, best of each: a background hiccup in one round
     # cannot decide the ratio. The machine's rate drifts with its neighbours'
     # load: every framework's rate is measured again after every round, and
     # each one's best figure counts, so a slow moment cannot inflate the MFU.
     ours_rate = theirs_rate = 0.0
-    rates = {"numpy": machine}
+    rates = {} if machine is None else {"numpy": machine}
     for _ in range(args.rounds):
-        ours_rate = max(ours_rate, tokens_per_second(ours, ours_batches, args.steps))
-        theirs_rate = max(theirs_rate, tokens_per_second(theirs, their_batches, args.steps))
-        for name, rate in machine_matmul_rates().items():
-            rates[name] = max(rates.get(name, 0.0), rate)
+        ours_rate = max(ours_rate, tokens_per_second(ours, ours_batches, args.steps, c))
+        if theirs is not None:
+            theirs_rate = max(theirs_rate, tokens_per_second(theirs, their_batches, args.steps, c))
+        if machine is not None:
+            for name, rate in machine_matmul_rates().items():
+                rates[name] = max(rates.get(name, 0.0), rate)
 
     non_position_params = ours.count_params() - c["length"] * c["hidden_dim"]
     flops_per_token = 6 * non_position_params + 12 * c["num_layers"] * c["length"] * c["hidden_dim"]
-    best = max(rates, key=rates.get)
     achieved = ours_rate * flops_per_token
+    backend = keras.backend.backend()
+    setting = f"{args.preset or 'small config'} B{c['batch']} T{c['length']} {args.precision}"
+    comparison = (
+        f"KerasHub {theirs_rate:8.0f} tok/s | ratio {ours_rate / theirs_rate:4.2f}x" if theirs is not None
+        else "KerasHub not run"
+    )
+    if args.peak_tflops:
+        measured = accelerator_matmul_rate("bfloat16" if args.precision == "bf16" else "float32")
+        print(
+            f"{backend:10s} {setting} | kerasformer {ours_rate:8.0f} tok/s | {comparison} | "
+            f"{achieved / 1e12:.3g} TFLOP/s = MFU {achieved / (args.peak_tflops * 1e12):5.1%} of the stated peak "
+            f"{args.peak_tflops:g} TFLOP/s | {backend}'s own 8192^2 {args.precision} matmul here: "
+            f"{measured / 1e12:.3g} TFLOP/s (MFU {achieved / measured:5.1%} of it)",
+            flush=True,
+        )
+        return
+    best = max(rates, key=rates.get)
     matmul_seconds, matmul_flops = step_matmul_seconds(step_matmuls(c))
     step_seconds = c["batch"] * c["length"] / ours_rate
     print(
-        f"{keras.backend.backend():10s} allocator {args.allocator} | kerasformer {ours_rate:8.0f} tok/s | KerasHub {theirs_rate:8.0f} tok/s | "
-        f"ratio {ours_rate / theirs_rate:4.2f}x | {achieved / 1e9:.0f} GFLOP/s = MFU {achieved / rates[best]:5.1%} of the "
+        f"{backend:10s} {setting} allocator {args.allocator} | kerasformer {ours_rate:8.0f} tok/s | {comparison} | "
+        f"{achieved / 1e9:.0f} GFLOP/s = MFU {achieved / rates[best]:5.1%} of the "
         f"machine's best measured fp32 matmul ({best}, {rates[best] / 1e9:.0f} GFLOP/s; "
         + ", ".join(f"{name} {rate / 1e9:.0f}" for name, rate in rates.items())
         + ")",
         flush=True,
     )
     print(
-        f"{keras.backend.backend():10s} matmul ceiling | the step's {matmul_flops / 1e9:.1f} GFLOP of matmuls, each alone: "
+        f"{backend:10s} matmul ceiling | the step's {matmul_flops / 1e9:.1f} GFLOP of fp32 matmuls, each alone: "
         f"{matmul_seconds * 1e3:.0f} ms = {matmul_flops / matmul_seconds / 1e9:.0f} GFLOP/s, an MFU ceiling of "
         f"{flops_per_token * c['batch'] * c['length'] / matmul_seconds / rates[best]:5.1%} (the step in that time) | kerasformer's step {step_seconds * 1e3:.0f} ms, "
         f"{(step_seconds - matmul_seconds) * 1e3:.0f} ms beyond its matmuls",
