@@ -94,7 +94,6 @@ def matmul_rate(matmul, size=2048, repeats=5, convert=lambda a: a, wait=lambda c
     `convert` turns the numpy input into the framework's tensor once, outside
     the timing; `wait` blocks until an asynchronous result is ready.
     """
-
     a = convert(np.random.rand(size, size).astype("float32"))
     best = 0.0
     for _ in range(repeats + 1):  # The first call may compile.
@@ -111,7 +110,6 @@ def machine_matmul_rates(repeats=5):
     kernels run far above numpy's BLAS (seen: 466 vs 268 GFLOP/s with
     AVX-512), and an MFU over the slower one would flatter the model.
     """
-
     rates = {"numpy": matmul_rate(np.matmul, repeats=repeats)}
     try:
         import tensorflow as tf
