@@ -331,11 +331,10 @@ def main():
         sys.exit(0 if run_per_backend(__file__, sys.argv[1:]) else 1)
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error(f"--peak-tflops must be positive, got {args.peak_tflops}")
-    c = benchmark_config(args.preset, args.batch, args.length)
-
     from kerasformer.allocator import set_allocator
 
     set_allocator(args.allocator)  # Before the frameworks' threads allocate.
+    c = benchmark_config(args.preset, args.batch, args.length)
 
     # Before any model runs: the frameworks' idle worker threads slow numpy down.
     machine = None if args.peak_tflops else matmul_rate(np.matmul)  # numpy's BLAS
