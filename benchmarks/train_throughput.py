@@ -88,18 +88,23 @@ def benchmark_config(preset=None, batch=None, length=None):
     return c
 
 
-def matmul_rate(matmul, size=2048, repeats=5, convert=lambda a: a, wait=lambda c: c):
-    """fp32 FLOP/s of `matmul` on two (size, size) matrices, the best of a few runs.
+def matmul_rate(matmul, size=2048, repeats=5, convert=lambda a: a, wait=lambda c: c, products=1):
+    """FLOP/s of `matmul` on two (size, size) matrices, the best of a few runs.
 
     `convert` turns the numpy input into the framework's tensor once, outside
-    the timing; `wait` blocks until an asynchronous result is ready.
+    the timing; `wait` blocks until an asynchronous result is ready. Each
+    run queues `products` products before it waits (on a GPU one product
+    is shorter than its launch and synchronization).
     """
     a = convert(np.random.rand(size, size).astype("float32"))
+    wait(matmul(a, a))  # The first call may compile.
     best = 0.0
-    for _ in range(repeats + 1):  # The first call may compile.
+    for _ in range(repeats):
         start = time.perf_counter()
-        wait(matmul(a, a))
-        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+        for _ in range(products):
+            c = matmul(a, a)
+        wait(c)
+        best = max(best, products * 2 * size**3 / (time.perf_counter() - start))
     return best
 
 
@@ -135,17 +140,12 @@ def machine_matmul_rates(repeats=5):
     return rates
 
 
-def accelerator_matmul_rate(dtype, size=8192, products=10, repeats=3):
-    """FLOP/s of the backend's own `size`^2 matmul in `dtype` on its default device (a GPU).
-
-    Times `products` queued products per measurement, so that the launch and
-    the final synchronization are a small part of it; best of `repeats`.
-    """
+def accelerator_matmul_rate(dtype, size=8192):
+    """FLOP/s of the backend's own `size`^2 matmul in `dtype` on its default device (a GPU)."""
     import keras
     from keras import ops
 
     backend = keras.backend.backend()
-    a = ops.cast(ops.convert_to_tensor(np.random.rand(size, size).astype("float32")), dtype)
     if backend == "jax":
         import jax
 
@@ -153,20 +153,13 @@ def accelerator_matmul_rate(dtype, size=8192, products=10, repeats=3):
     elif backend == "tensorflow":
         import tensorflow as tf
 
-        matmul, wait = tf.function(tf.linalg.matmul, jit_compile=True), lambda c: c.numpy()
+        matmul, wait = tf.function(tf.linalg.matmul, jit_compile=True), lambda c: c[0, 0].numpy()
     else:
         import torch
 
         matmul, wait = torch.matmul, lambda c: torch.cuda.synchronize() if c.is_cuda else c
-    wait(matmul(a, a))  # compiles
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(products):
-            c = matmul(a, a)
-        wait(c)
-        best = max(best, products * 2 * size**3 / (time.perf_counter() - start))
-    return best
+    convert = lambda a: ops.cast(ops.convert_to_tensor(a), dtype)  # noqa: E731
+    return matmul_rate(matmul, size, repeats=3, convert=convert, wait=wait, products=10)
 
 
 def step_matmuls(c):
