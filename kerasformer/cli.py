@@ -17,14 +17,15 @@ def _train_parser(subparsers):
     from kerasformer.train import TASKS, TrainConfig
 
     parser = subparsers.add_parser("train", help="train a model (resumes a killed run in the same --run-dir)")
-    parser.add_argument("task", choices=TASKS)
-    defaults = TrainConfig()
+    parser.add_argument("task", choices=TASKS, help=fields(TrainConfig)[0].metadata["help"])
     for f in fields(TrainConfig):
         if f.name in ("task", "overrides"):
             continue
-        default = getattr(defaults, f.name)
-        kind = type(default) if default is not None else (float if f.name == "dropout" else str)
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=default)
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), type=f.type if f.type in (int, float) else str, default=f.default,
+            choices=f.metadata["choices"],
+            help=f.metadata["help"] + ("" if f.default is None else " (default: %(default)s)"),
+        )
     parser.add_argument(
         "--model", dest="overrides", action="append", type=model_argument, default=[], metavar="NAME=VALUE",
         help="an argument of the preset's builder, e.g. --model position_type=rotary --model num_layers=4 (repeatable)",
@@ -44,29 +45,33 @@ def model_argument(text):
 
 def _generate_parser(subparsers):
     parser = subparsers.add_parser("generate", help="generate text with a trained run")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`")
     parser.add_argument("--prompt", required=True, help="text to continue (GPT) or to transform (T5, Transformer)")
-    parser.add_argument("--max-new-tokens", type=int, default=100)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (greedy: 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (default: %(default)s)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature (default: %(default)s)"
+    )
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens of this total probability")
+    parser.add_argument("--seed", type=int, default=None, help="a seed makes sampling repeatable")
+    parser.add_argument(
+        "--num-beams", type=int, default=1, help="beam search with this many beams (default: %(default)s, greedy or sampling)"
+    )
 
 
 def _export_parser(subparsers):
     parser = subparsers.add_parser("export", help="write a TensorFlow SavedModel of a trained run")
-    parser.add_argument("run_dir")
-    parser.add_argument("target", help="e.g. saved_models/NAME")
+    parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`")
+    parser.add_argument("target", help="the SavedModel's folder, e.g. saved_models/NAME")
 
 
 def _serve_parser(subparsers):
     parser = subparsers.add_parser("serve", help="serve a SavedModel over TF Serving's REST API")
-    parser.add_argument("saved_model")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("saved_model", help="a folder written by `kerasformer export`")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8501, help="(default: %(default)s, TF Serving's REST port)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the folder name)")
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=4, help="requests served at once (default: %(default)s)")
 
 
 def generate_text(run_dir, prompt, max_new_tokens=100, **options):

@@ -16,7 +16,8 @@ import keras
 import numpy as np
 
 from kerasformer import data
-from kerasformer.allocator import set_allocator
+from kerasformer.allocator import ALLOCATORS, set_allocator
+from kerasformer.data import TOKENIZER_KINDS
 from kerasformer.losses import TokenCrossEntropy
 from kerasformer.optimizers import AdamW
 
@@ -24,34 +25,47 @@ TASKS = ("gpt", "bert", "t5", "transformer")
 DEFAULT_PRESETS = {"gpt": "gpt2-tiny", "bert": "bert-tiny", "t5": "t5-tiny", "transformer": "transformer-tiny"}
 
 
+def _setting(default, help, choices=None):
+    """A `TrainConfig` field: its default, what it changes (`kerasformer train --help` shows it) and its choices."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
 @dataclass
 class TrainConfig:
-    """Settings of a run; each field says what it changes."""
+    """Settings of a run; each field says what it changes (also in `kerasformer train --help`)."""
 
-    task: str = "gpt"  # gpt (causal LM), bert (masked LM), t5 / transformer (seq2seq).
-    preset: str = None  # Architecture; defaults to the task's *-tiny preset.
-    data: str = None  # Text file (one example per line for bert/seq2seq: "source<TAB>target"); None = generated.
-    tokenizer: str = None  # char, byte, wordpiece, sentencepiece; default char for files, words for generated.
-    vocabulary_size: int = 2000  # For trained wordpiece / sentencepiece vocabularies.
-    run_dir: str = "runs/latest"
-    steps: int = 500
-    batch_size: int = 16
-    sequence_length: int = 64  # Context of LM windows and longest BERT / seq2seq example.
-    learning_rate: float = 1e-3
-    min_learning_rate: float = 1e-4  # Cosine decays to this.
-    warmup_steps: int = 100
-    weight_decay: float = 0.1  # On matrices only (not biases, norms).
-    beta_1: float = 0.9
-    beta_2: float = 0.99
-    clipnorm: float = 1.0  # Global gradient norm clipping.
-    dropout: float = None  # Overrides the preset's.
-    checkpoint_every: int = 100  # Steps between checkpoints, backups and validation.
-    validation_steps: int = 20
-    precision: str = "fp32"  # fp32, or bf16 (mixed_bfloat16).
-    jit_compile: str = "auto"  # "auto" (XLA on TF and JAX, eager torch), or "true" / "false".
-    allocator: str = "reuse"  # "reuse": malloc keeps freed memory for the next step (faster on CPU, see allocator.py); "system".
-    seed: int = 0
-    overrides: dict = field(default_factory=dict)  # Extra preset arguments.
+    task: str = _setting("gpt", "gpt (causal LM), bert (masked LM), t5 / transformer (seq2seq)", TASKS)
+    preset: str = _setting(None, "architecture; defaults to the task's *-tiny preset")
+    data: str = _setting(
+        None, "text file (bert: one sentence a line; t5/transformer: source<TAB>target a line); default: a generated data set"
+    )
+    tokenizer: str = _setting(
+        None, "default: char for a file, the generated set's words otherwise", TOKENIZER_KINDS
+    )
+    vocabulary_size: int = _setting(2000, "size of a trained wordpiece / sentencepiece vocabulary")
+    run_dir: str = _setting("runs/latest", "folder of the run: checkpoints, backup, log, plot; a killed run resumes from it")
+    steps: int = _setting(500, "training steps in all; a multiple of --checkpoint-every")
+    batch_size: int = _setting(16, "sequences per step")
+    sequence_length: int = _setting(64, "context of LM windows; longest BERT / seq2seq example")
+    learning_rate: float = _setting(1e-3, "peak learning rate, reached after the warm-up")
+    min_learning_rate: float = _setting(1e-4, "the cosine decays to this")
+    warmup_steps: int = _setting(100, "linear warm-up from 0")
+    weight_decay: float = _setting(0.1, "AdamW's decoupled decay, on matrices only (not biases, norms)")
+    beta_1: float = _setting(0.9, "AdamW's first-moment decay")
+    beta_2: float = _setting(0.99, "AdamW's second-moment decay")
+    clipnorm: float = _setting(1.0, "global gradient-norm clipping; 0 turns it off")
+    dropout: float = _setting(None, "overrides the preset's dropout")
+    checkpoint_every: int = _setting(100, "steps between checkpoints, backups, log rows and validations")
+    validation_steps: int = _setting(20, "validation batches at each checkpoint")
+    precision: str = _setting("fp32", "bf16: mixed_bfloat16 (bfloat16 compute, float32 weights)", ("fp32", "bf16"))
+    jit_compile: str = _setting(
+        "auto", "auto: XLA on TensorFlow and JAX, eager torch; true on torch: torch.compile", ("auto", "true", "false")
+    )
+    allocator: str = _setting(
+        "reuse", "reuse: malloc keeps freed memory for the next step (faster on CPU, see allocator.py)", ALLOCATORS
+    )
+    seed: int = _setting(0, "initialization, batch order and masking")
+    overrides: dict = field(default_factory=dict)  # Extra preset arguments (`--model NAME=VALUE`).
 
 
 def make_optimizer(model, config):
@@ -205,16 +219,16 @@ def build_task(config):
 class _LossPlot(keras.callbacks.Callback):
     """Redraws `loss.png` from the CSV log after every epoch."""
 
-    def __init__(self, csv_path, png_path):
+    def __init__(self, csv_path, png_path, steps_per_epoch):
         super().__init__()
-        self.csv_path, self.png_path = csv_path, png_path
+        self.csv_path, self.png_path, self.steps_per_epoch = csv_path, png_path, steps_per_epoch
 
     def on_epoch_end(self, epoch, logs=None):
-        plot_losses(self.csv_path, self.png_path)
+        plot_losses(self.csv_path, self.png_path, self.steps_per_epoch)
 
 
-def plot_losses(csv_path, png_path):
-    """Training and validation loss against steps, from a Keras CSV log."""
+def plot_losses(csv_path, png_path, steps_per_epoch=1):
+    """Training and validation loss against training steps, from a Keras CSV log of `steps_per_epoch`-step epochs."""
     try:
         import matplotlib
 
@@ -228,12 +242,12 @@ def plot_losses(csv_path, png_path):
         rows = list(csv.DictReader(f))
     if not rows:
         return False
-    epochs = [int(r["epoch"]) + 1 for r in rows]
+    steps = [(int(r["epoch"]) + 1) * steps_per_epoch for r in rows]
     figure, axis = plt.subplots(figsize=(6, 4))
     for key in ("loss", "val_loss"):
         if key in rows[0]:
-            axis.plot(epochs, [float(r[key]) for r in rows], marker="o", label=key)
-    axis.set_xlabel("checkpoint interval")
+            axis.plot(steps, [float(r[key]) for r in rows], marker="o", label=key)
+    axis.set_xlabel("training step")
     axis.set_ylabel("loss")
     axis.legend()
     axis.grid(alpha=0.3)
@@ -264,6 +278,8 @@ def train(config):
     """Runs (or resumes) the training run of `config`; returns its evaluation dict."""
     if config.precision not in ("fp32", "bf16"):
         raise ValueError(f"`precision` must be 'fp32' or 'bf16', got {config.precision!r}.")
+    if not isinstance(config.checkpoint_every, int) or config.checkpoint_every < 1:
+        raise ValueError(f"`checkpoint_every` must be a positive number of steps, got {config.checkpoint_every!r}.")
     if config.steps % config.checkpoint_every:
         raise ValueError(
             f"`steps` ({config.steps}) must be a multiple of `checkpoint_every` ({config.checkpoint_every})."
@@ -288,7 +304,7 @@ def train(config):
     # with a complete log.
     callbacks = [
         keras.callbacks.CSVLogger(csv_path, append=True),
-        _LossPlot(csv_path, os.path.join(config.run_dir, "loss.png")),
+        _LossPlot(csv_path, os.path.join(config.run_dir, "loss.png"), config.checkpoint_every),
         keras.callbacks.ModelCheckpoint(os.path.join(config.run_dir, "checkpoint.keras")),
         keras.callbacks.BackupAndRestore(os.path.join(config.run_dir, "backup"), delete_checkpoint=False),
     ]

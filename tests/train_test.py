@@ -68,6 +68,24 @@ def test_train_cli_refuses_a_malformed_model_argument(capsys):
     assert "expected NAME=VALUE" in capsys.readouterr().err
 
 
+def test_train_cli_documents_every_setting_and_refuses_bad_choices(capsys):
+    from dataclasses import fields
+
+    from kerasformer.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    shown = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at hyphens.
+    for f in fields(TrainConfig):
+        if f.name != "overrides":
+            assert "".join(f.metadata["help"].split()) in shown, f.name
+    for flag, value in (("--precision", "fp8"), ("--tokenizer", "bpe"), ("--allocator", "jemalloc"), ("--steps", "x")):
+        with pytest.raises(SystemExit):
+            main(["train", "gpt", flag, value])
+        error = capsys.readouterr().err
+        assert f"argument {flag}: invalid" in error and repr(value) in error
+
+
 def test_a_killed_run_resumes_where_it_stopped(tmp_path):
     run_dir = tmp_path / "resumable"
     command, env = cli("train", "gpt", "--run-dir", str(run_dir), *TINY)
@@ -113,6 +131,8 @@ def test_bad_settings_are_named():
         train(TrainConfig(steps=25, checkpoint_every=10))
     with pytest.raises(ValueError, match="precision"):
         train(TrainConfig(precision="fp8"))
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        train(TrainConfig(checkpoint_every=0))
     with pytest.raises(ValueError, match="jit_compile"):
         resolve_jit_compile("sometimes")
 
