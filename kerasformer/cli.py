@@ -87,7 +87,8 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
     ids = data.encode(tokenizer, prompt)
     if isinstance(model, GPT):
         new = generate(model, [ids], max_new_tokens=max_new_tokens, **options)[0]
-        return prompt + data.decode(tokenizer, new)
+        # Decoded whole: subword tokenizers place spaces by the token before.
+        return data.decode(tokenizer, np.concatenate([ids, np.asarray(new, "int32")]))
     start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
     new = generate(model, np.asarray([ids]), max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)[0]
     new = [int(t) for t in new if t not in (0, end)]

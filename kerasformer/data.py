@@ -13,7 +13,7 @@ import numpy as np
 
 PAD, UNK, CLS, SEP, MASK, START, END = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, START, END]  # Ids 0..6 in every word vocabulary.
-TOKENIZER_KINDS = ("char", "byte", "wordpiece", "sentencepiece")
+TOKENIZER_KINDS = ("char", "byte", "bpe", "wordpiece", "sentencepiece")
 
 
 # Tokenizers (KerasHub) ------------------------------------------------------
@@ -24,10 +24,11 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
 
     Args:
         kind: "char" (Unicode code points, vocabulary = largest code point
-            seen + 1), "byte" (256 bytes), "wordpiece" or "sentencepiece"
-            (vocabularies trained by KerasHub's tools).
+            seen + 1), "byte" (256 bytes), "bpe" (byte-pair merges),
+            "wordpiece" or "sentencepiece" (unigram); vocabularies trained by
+            KerasHub's tools ("bpe" with SentencePiece's BPE trainer).
         texts: a list of strings.
-        vocabulary_size: for "wordpiece" and "sentencepiece".
+        vocabulary_size: for "bpe", "wordpiece" and "sentencepiece".
     """
     import keras_hub
     import tensorflow as tf  # KerasHub's vocabulary tools read tf.data (a list means file names).
@@ -44,9 +45,10 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
             tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000, reserved_tokens=SPECIAL_TOKENS, lowercase=False
         )
         return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=False, dtype="int32")
-    if kind == "sentencepiece":
+    if kind in ("sentencepiece", "bpe"):
         proto = keras_hub.tokenizers.compute_sentence_piece_proto(
-            tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000
+            tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000,
+            model_type="bpe" if kind == "bpe" else "unigram",
         )  # KerasHub reserves id 0 for <pad>, 1 <unk>, 2 <s>, 3 </s>.
         return keras_hub.tokenizers.SentencePieceTokenizer(proto=proto, dtype="int32")
     raise ValueError(f"Unknown tokenizer `kind` {kind!r}; expected one of {TOKENIZER_KINDS}.")
@@ -59,7 +61,9 @@ def byte_pair_tokenizer(vocabulary, merges):
         vocabulary: `{token: id}` or the path of a `vocab.json`.
         merges: a list of "a b" merge rules, or the path of a `merges.txt`.
 
-    KerasHub trains no BPE vocabulary; bring one (e.g. GPT-2's files on disk).
+    KerasHub trains no vocabulary for this GPT-2 style tokenizer; bring one
+    (e.g. GPT-2's files on disk), or train byte-pair merges on your text with
+    `train_tokenizer("bpe", texts)`.
     """
     import keras_hub
 

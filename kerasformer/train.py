@@ -42,7 +42,7 @@ class TrainConfig:
     tokenizer: str = _setting(
         None, "default: char for a file, the generated set's words otherwise", TOKENIZER_KINDS
     )
-    vocabulary_size: int = _setting(2000, "size of a trained wordpiece / sentencepiece vocabulary")
+    vocabulary_size: int = _setting(2000, "size of a trained bpe / wordpiece / sentencepiece vocabulary")
     run_dir: str = _setting("runs/latest", "folder of the run: checkpoints, backup, log, plot; a killed run resumes from it")
     steps: int = _setting(500, "training steps in all; a multiple of --checkpoint-every")
     batch_size: int = _setting(16, "sequences per step")

@@ -32,10 +32,10 @@ def test_generated_language_agrees_in_number_and_uses_its_words():
         assert (subject in plural_nouns) == (verb not in singular_verbs)
 
 
-@pytest.mark.parametrize("kind", ["char", "byte", "wordpiece", "sentencepiece"])
+@pytest.mark.parametrize("kind", ["char", "byte", "bpe", "wordpiece", "sentencepiece"])
 def test_tokenizers_round_trip_and_save(kind, tmp_path):
     texts = data.generated_language(2000, seed=0)
-    tokenizer = data.train_tokenizer(kind, texts, vocabulary_size=50 if kind == "sentencepiece" else 300)
+    tokenizer = data.train_tokenizer(kind, texts, vocabulary_size=50 if kind in ("sentencepiece", "bpe") else 300)
     ids = data.encode(tokenizer, texts[0])
     assert ids.dtype == np.int32 and len(ids) > 0
     decoded = data.decode(tokenizer, ids)
@@ -44,6 +44,25 @@ def test_tokenizers_round_trip_and_save(kind, tmp_path):
     np.testing.assert_array_equal(data.encode(data.load_tokenizer(tmp_path / kind), texts[0]), ids)
     with pytest.raises(ValueError, match="kind"):
         data.train_tokenizer("unigram-ish", texts)
+
+
+def test_bpe_vocabulary_is_trained_byte_pair_merges():
+    sentencepiece_model = pytest.importorskip("sentencepiece.sentencepiece_model_pb2")
+    texts = ["lower lowest newer newest wider widest"] * 50 + ["low new wide"] * 50
+    tokenizer = data.train_tokenizer("bpe", texts, vocabulary_size=40)
+    model = sentencepiece_model.ModelProto.FromString(tokenizer.proto)
+    assert model.trainer_spec.model_type == sentencepiece_model.TrainerSpec.BPE
+    merged = [p.piece for p in model.pieces if p.type == p.NORMAL and len(p.piece) > 1]  # In merge order.
+    # Byte-pair encoding: each merged piece joins two parts that exist before
+    # it, single characters or earlier merges.
+    for rank, piece in enumerate(merged):
+        earlier = set(merged[:rank])
+        assert any(
+            all(len(part) == 1 or part in earlier for part in (piece[:cut], piece[cut:])) for cut in range(1, len(piece))
+        ), piece
+    assert {"\u2581lowest", "\u2581widest"} <= set(merged)  # The frequent words end up whole.
+    ids = data.encode(tokenizer, "lowest widest")
+    assert len(ids) == 2 and data.decode(tokenizer, ids) == "lowest widest"
 
 
 def test_byte_pair_tokenizer_from_vocabulary_and_merges(tmp_path):
