@@ -40,7 +40,10 @@ class TrainConfig:
         None, "text file (bert: one sentence a line; t5/transformer: source<TAB>target a line); default: a generated data set"
     )
     tokenizer: str = _setting(
-        None, "default: char for a file, the generated set's words otherwise", TOKENIZER_KINDS
+        None,
+        "gpt: any, char by default; bert, t5, transformer: wordpiece (its vocabulary reserves their special tokens);"
+        " without --data the generated set's words by default",
+        TOKENIZER_KINDS,
     )
     vocabulary_size: int = _setting(2000, "size of a trained bpe / wordpiece / sentencepiece vocabulary")
     run_dir: str = _setting("runs/latest", "folder of the run: checkpoints, backup, log, plot; a killed run resumes from it")
@@ -115,16 +118,31 @@ def _gpt_task(config, build):
     return tokenizer, model, train, validation, evaluate
 
 
+def _special_token_tokenizer(config, texts, generated_words):
+    """The tokenizer of a bert or seq2seq run: WordPiece, whose vocabulary reserves `data.SPECIAL_TOKENS`.
+
+    Those tasks write [CLS], [SEP], [MASK], [START] and [END] by their ids
+    0-6; in a char, byte or SentencePiece vocabulary those ids are ordinary
+    tokens. A WordPiece vocabulary is trained on `texts` for a data file (or
+    when asked for), else the generated task's word list is the vocabulary.
+    """
+    if config.tokenizer not in (None, "wordpiece"):
+        raise ValueError(
+            f"`tokenizer` for the {config.task} task must be 'wordpiece' (its vocabulary reserves "
+            f"{', '.join(data.SPECIAL_TOKENS)}), got {config.tokenizer!r}."
+        )
+    if config.data is None and config.tokenizer is None:
+        return data.word_tokenizer(generated_words)
+    return data.train_tokenizer("wordpiece", texts, config.vocabulary_size)
+
+
 def _bert_task(config, build):
     from kerasformer.models import BERTMaskedLM
 
     sentences = _texts(config, None)
     sentences = sentences.splitlines() if sentences else data.generated_language(20000, seed=config.seed)
     sentences = [s for s in sentences if s.strip()]
-    if config.tokenizer:
-        tokenizer = data.train_tokenizer(config.tokenizer, sentences, config.vocabulary_size)
-    else:
-        tokenizer = data.word_tokenizer(data.LANGUAGE_WORDS)
+    tokenizer = _special_token_tokenizer(config, sentences, data.LANGUAGE_WORDS)
     cls_id, sep_id, mask_id = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
     rows = [np.concatenate([[cls_id], ids[: config.sequence_length - 2], [sep_id]]) for ids in data.encode(tokenizer, sentences)]
     token_ids = data.pad_batch(rows, config.sequence_length)
@@ -154,10 +172,9 @@ def _seq2seq_task(config, build):
     if config.data:
         pairs = [line.split("\t") for line in data.read_text(config.data).splitlines() if "\t" in line]
         sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
-        tokenizer = data.train_tokenizer(config.tokenizer or "wordpiece", sources + targets, config.vocabulary_size)
     else:
         sources, targets = data.numbers_to_words_dataset(20000, seed=config.seed)
-        tokenizer = data.word_tokenizer(data.NUMBER_WORDS)
+    tokenizer = _special_token_tokenizer(config, sources + targets, data.NUMBER_WORDS)
     start_id, end_id = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
     source_ids = [ids[: config.sequence_length] for ids in data.encode(tokenizer, sources)]
     target_ids = [ids[: config.sequence_length - 1] for ids in data.encode(tokenizer, targets)]

@@ -79,7 +79,7 @@ def test_train_cli_documents_every_setting_and_refuses_bad_choices(capsys):
     for f in fields(TrainConfig):
         if f.name != "overrides":
             assert "".join(f.metadata["help"].split()) in shown, f.name
-    for flag, value in (("--precision", "fp8"), ("--tokenizer", "bpe"), ("--allocator", "jemalloc"), ("--steps", "x")):
+    for flag, value in (("--precision", "fp8"), ("--tokenizer", "unigram"), ("--allocator", "jemalloc"), ("--steps", "x")):
         with pytest.raises(SystemExit):
             main(["train", "gpt", flag, value])
         error = capsys.readouterr().err
@@ -124,6 +124,25 @@ def test_other_tasks_train_and_report_their_score(task, metric, tmp_path):
     results = train(config)
     assert 0.0 <= results[metric] <= 1.0
     assert (tmp_path / task / "model.keras").exists()
+
+
+def test_bert_on_a_text_file_learns_a_wordpiece_vocabulary_of_that_text(tmp_path):
+    from kerasformer import data
+
+    words = "river mountain valley forest meadow harbor lantern orchard".split()
+    lines = [" ".join(words[(i + j) % len(words)] for j in range(6)) for i in range(400)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines))
+    config = TrainConfig(task="bert", data=str(corpus), run_dir=str(tmp_path / "bert"), steps=10, checkpoint_every=10,
+                         batch_size=8, sequence_length=16, warmup_steps=2, validation_steps=1, vocabulary_size=200)
+    train(config)
+    tokenizer = data.load_tokenizer(tmp_path / "bert" / "tokenizer")
+    ids = data.encode(tokenizer, " ".join(words))
+    unknown = data.SPECIAL_TOKENS.index(data.UNK)
+    assert len(ids) >= len(words) and unknown not in ids  # The file's words, not the generated set's.
+    assert [tokenizer.id_to_token(i) for i in range(len(data.SPECIAL_TOKENS))] == data.SPECIAL_TOKENS
+    with pytest.raises(ValueError, match="`tokenizer` for the bert task must be 'wordpiece'"):
+        train(TrainConfig(task="bert", data=str(corpus), tokenizer="char", run_dir=str(tmp_path / "char")))
 
 
 def test_bad_settings_are_named():
