@@ -87,8 +87,7 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
     ids = data.encode(tokenizer, prompt)
     if isinstance(model, GPT):
         new = generate(model, [ids], max_new_tokens=max_new_tokens, **options)[0]
-        # Decoded whole: subword tokenizers place spaces by the token before.
-        return data.decode(tokenizer, np.concatenate([ids, np.asarray(new, "int32")]))
+        return data.continuation(tokenizer, prompt, ids, new)
     start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
     new = generate(model, np.asarray([ids]), max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)[0]
     new = [int(t) for t in new if t not in (0, end)]
@@ -103,7 +102,14 @@ def main(argv=None):
     _export_parser(subparsers)
     _serve_parser(subparsers)
     args = parser.parse_args(argv)
+    try:
+        _run(args)
+    except ValueError as error:  # Bad settings or input, named by the code that checked them: no traceback.
+        parser.exit(2, f"kerasformer {args.command}: error: {error}\n")
+    return 0
 
+
+def _run(args):
     if args.command == "train":
         from kerasformer.train import TrainConfig, train
 
@@ -126,7 +132,6 @@ def main(argv=None):
         from kerasformer.serve import serve
 
         serve(args.saved_model, host=args.host, port=args.port, name=args.name, workers=args.workers)
-    return 0
 
 
 if __name__ == "__main__":

@@ -101,6 +101,20 @@ def decode(tokenizer, ids):
     return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
 
 
+def continuation(tokenizer, prompt, prompt_ids, new_ids):
+    """`prompt` followed by the text of `new_ids`, spaced as the tokenizer joins them.
+
+    Subword and word tokenizers put the space between two words into the
+    second token ("\u2581sat") or the join, which decoding the new ids alone
+    drops; so the text is decoded with the prompt's ids and the prompt's own
+    decoding cut off (as `transformers`' text-generation pipeline does), and
+    the prompt is kept as written.
+    """
+    prompt_ids = [int(i) for i in prompt_ids]
+    whole = decode(tokenizer, prompt_ids + [int(i) for i in new_ids])
+    return prompt + whole[len(decode(tokenizer, prompt_ids)):]
+
+
 def save_tokenizer(tokenizer, folder):
     """Writes the tokenizer (config and vocabulary assets) into `folder`."""
     import json

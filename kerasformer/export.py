@@ -284,9 +284,15 @@ def _text_signatures(model, tokenizer, signatures):
         @tf.function(input_signature=[text, tf.TensorSpec([], tf.int32, "max_new_tokens"), tf.TensorSpec([], tf.float32, "temperature"),
                                       tf.TensorSpec([], tf.int32, "top_k"), tf.TensorSpec([], tf.int32, "seed")])
         def generate_text(text, max_new_tokens, temperature, top_k, seed):
+            prompt = tokenizer(text)  # (B, None) ragged
             token_ids, mask = tokenize(text)
             new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, seed)["generated_ids"]
-            return {"text": tf.strings.join([text, detokenize(new)])}
+            # As `data.continuation`: decoded with the prompt's ids, so that
+            # word and subword tokenizers place the joining space.
+            new = tf.ragged.boolean_mask(new, tf.cumsum(tf.cast(tf.equal(new, 0), tf.int32), axis=1) == 0)  # Up to a pad id.
+            whole = tokenizer.detokenize(tf.concat([tf.cast(prompt, new.dtype), new], axis=1))
+            start = tf.strings.length(tokenizer.detokenize(prompt))
+            return {"text": tf.strings.join([text, tf.strings.substr(whole, start, tf.strings.length(whole) - start)])}
 
         out["generate_text"] = generate_text
     elif isinstance(model, EncoderDecoderModel):

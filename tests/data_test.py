@@ -65,6 +65,20 @@ def test_bpe_vocabulary_is_trained_byte_pair_merges():
     assert len(ids) == 2 and data.decode(tokenizer, ids) == "lowest widest"
 
 
+@pytest.mark.parametrize("kind", ["char", "words", "sentencepiece"])
+def test_continuation_keeps_the_prompt_and_spaces_the_new_words(kind):
+    texts = ["the cat sat on the mat", "a dog ran to the cat"] * 20
+    if kind == "words":
+        tokenizer = data.word_tokenizer("the cat sat on mat a dog ran to".split())
+    else:
+        tokenizer = data.train_tokenizer(kind, texts, vocabulary_size=20)
+    prompt = "the cat"
+    new = data.encode(tokenizer, "the cat sat on")[len(data.encode(tokenizer, prompt)):]
+    # Decoding the new ids alone loses the space before "sat" for word and subword tokenizers.
+    assert data.continuation(tokenizer, prompt, data.encode(tokenizer, prompt), new) == "the cat sat on"
+    assert data.continuation(tokenizer, prompt, data.encode(tokenizer, prompt), []) == "the cat"
+
+
 def test_byte_pair_tokenizer_from_vocabulary_and_merges(tmp_path):
     vocabulary = {"<pad>": 0, "a": 1, "b": 2, "c": 3, "ab": 4, "abc": 5, "Ġ": 6, "Ġab": 7}
     merges = ["a b", "ab c", "Ġ ab"]

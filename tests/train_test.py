@@ -58,6 +58,11 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path):
     assert text.startswith("the cat") and len(text) > len("the cat")
     beams = generate_text(str(run_dir), "the cat", max_new_tokens=10, num_beams=3)
     assert beams.startswith("the cat") and len(beams) > len("the cat")
+    # A bad request is one line naming the argument, not a traceback.
+    command, env = cli("generate", str(run_dir), "--prompt", "the cat", "--top-p", "1.5")
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().endswith("kerasformer generate: error: `top_p` must be in (0, 1], got 1.5.")
 
 
 def test_train_cli_refuses_a_malformed_model_argument(capsys):

@@ -21,6 +21,7 @@ LOADER = r"""
 import json, sys
 import numpy as np
 import tensorflow as tf
+import tensorflow_text  # The WordPiece / SentencePiece ops of text signatures, as `kerasformer serve` loads them.
 assert "kerasformer" not in sys.modules and "keras_hub" not in sys.modules
 path, request = sys.argv[1], json.loads(sys.argv[2])
 module = tf.saved_model.load(path)
@@ -105,13 +106,22 @@ def test_t5_export_matches_logits_and_greedy_generation(tmp_path):
     np.testing.assert_array_equal(np.array(results["generate"]["generated_ids"]), generate(model, encoder, max_new_tokens=5, start_token_id=1))
 
 
-def test_text_signature_carries_the_tokenizer(tmp_path):
-    tokenizer = data.train_tokenizer("char", ["abcdefghij"])
+@pytest.mark.parametrize("kind", ["char", "words"])
+def test_text_signature_carries_the_tokenizer(kind, tmp_path):
+    if kind == "char":
+        tokenizer, prompt = data.train_tokenizer("char", ["abcdefghij"]), "abc"
+    else:
+        tokenizer, prompt = data.word_tokenizer("the cat sat on a mat".split()), "the cat"
     model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
     path = export(model, tmp_path / "gpt_text", tokenizer=tokenizer)
-    results = run_saved_model(path, {"generate_text": {"text": ["abc"], "max_new_tokens": 4, "temperature": 0.0, "top_k": 0, "seed": 0}})
-    new = generate(model, [data.encode(tokenizer, "abc")], max_new_tokens=4)[0]
-    assert results["generate_text"]["text"][0] == "abc" + data.decode(tokenizer, new)
+    results = run_saved_model(path, {"generate_text": {"text": [prompt], "max_new_tokens": 4, "temperature": 0.0, "top_k": 0, "seed": 0}})
+    new = [int(i) for i in generate(model, [data.encode(tokenizer, prompt)], max_new_tokens=4)[0]]
+    new = new[: new.index(0)] if 0 in new else new  # Text ends at a padding id.
+    if kind == "char":
+        expected = prompt + "".join(chr(i) for i in new)
+    else:  # Words joined by spaces, the first one too.
+        expected = prompt + "".join(" " + tokenizer.id_to_token(i) for i in new)
+    assert results["generate_text"]["text"][0] == expected
 
 
 def test_saved_model_cli_lists_the_signatures_and_export_is_atomic(tmp_path):
