@@ -17,10 +17,10 @@ def _train_parser(subparsers):
     from kerasformer.train import TASKS, TrainConfig
 
     parser = subparsers.add_parser("train", help="train a model (resumes a killed run in the same --run-dir)")
-    parser.add_argument("task", choices=TASKS, help=fields(TrainConfig)[0].metadata["help"])
-    for f in fields(TrainConfig):
-        if f.name in ("task", "overrides"):
-            continue
+    settings = {f.name: f for f in fields(TrainConfig)}
+    parser.add_argument("task", choices=TASKS, help=settings.pop("task").metadata["help"])
+    settings.pop("overrides")  # `--model`, below.
+    for f in settings.values():
         parser.add_argument(
             "--" + f.name.replace("_", "-"), type=f.type if f.type in (int, float) else str, default=f.default,
             choices=f.metadata["choices"],

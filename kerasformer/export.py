@@ -269,14 +269,15 @@ def _text_signatures(model, tokenizer, signatures):
     text = tf.TensorSpec([None], tf.string, name="text")
 
     def tokenize(strings):
-        ragged = tokenizer(strings)
+        return padded(tokenizer(strings))
+
+    def padded(ragged):  # (B, None) ragged ids -> (B, T) ids and padding mask
         token_ids = tf.cast(ragged.to_tensor(default_value=0), tf.int32)
         mask = tf.cast(tf.sequence_mask(ragged.row_lengths(), tf.shape(token_ids)[1]), tf.int32)
         return token_ids, mask
 
-    def detokenize(ids):
-        ids = tf.RaggedTensor.from_tensor(ids, padding=0)
-        return tokenizer.detokenize(ids)
+    def before_first(ids, token):  # Each row of (B, T) ids cut at its first `token`, ragged.
+        return tf.ragged.boolean_mask(ids, tf.cumsum(tf.cast(tf.equal(ids, token), tf.int32), axis=1) == 0)
 
     out = {}
     if isinstance(model, GPT):
@@ -285,11 +286,10 @@ def _text_signatures(model, tokenizer, signatures):
                                       tf.TensorSpec([], tf.int32, "top_k"), tf.TensorSpec([], tf.int32, "seed")])
         def generate_text(text, max_new_tokens, temperature, top_k, seed):
             prompt = tokenizer(text)  # (B, None) ragged
-            token_ids, mask = tokenize(text)
-            new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, seed)["generated_ids"]
+            new = signatures["generate"](*padded(prompt), max_new_tokens, temperature, top_k, seed)["generated_ids"]
             # As `data.continuation`: decoded with the prompt's ids, so that
             # word and subword tokenizers place the joining space.
-            new = tf.ragged.boolean_mask(new, tf.cumsum(tf.cast(tf.equal(new, 0), tf.int32), axis=1) == 0)  # Up to a pad id.
+            new = before_first(new, 0)  # Text ends at a pad id, as `data.decode`.
             whole = tokenizer.detokenize(tf.concat([tf.cast(prompt, new.dtype), new], axis=1))
             start = tf.strings.length(tokenizer.detokenize(prompt))
             return {"text": tf.strings.join([text, tf.strings.substr(whole, start, tf.strings.length(whole) - start)])}
@@ -303,9 +303,7 @@ def _text_signatures(model, tokenizer, signatures):
         def generate_text(text, max_new_tokens, temperature, top_k, seed):
             token_ids, mask = tokenize(text)
             new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, seed, start)["generated_ids"]
-            # Cut each row at its first end token.
-            keep = tf.cumsum(tf.cast(tf.equal(new, end), tf.int32), axis=1) == 0
-            return {"text": detokenize(tf.where(keep, new, 0))}
+            return {"text": tokenizer.detokenize(before_first(tf.where(tf.equal(new, end), 0, new), 0))}  # Up to end or pad.
 
         out["generate_text"] = generate_text
     elif isinstance(model, (BERTMaskedLM, BERTClassifier)):

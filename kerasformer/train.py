@@ -22,6 +22,8 @@ from kerasformer.losses import TokenCrossEntropy
 from kerasformer.optimizers import AdamW
 
 TASKS = ("gpt", "bert", "t5", "transformer")
+PRECISIONS = ("fp32", "bf16")
+JIT_COMPILE_CHOICES = ("auto", "true", "false")
 DEFAULT_PRESETS = {"gpt": "gpt2-tiny", "bert": "bert-tiny", "t5": "t5-tiny", "transformer": "transformer-tiny"}
 
 
@@ -60,9 +62,9 @@ class TrainConfig:
     dropout: float = _setting(None, "overrides the preset's dropout")
     checkpoint_every: int = _setting(100, "steps between checkpoints, backups, log rows and validations")
     validation_steps: int = _setting(20, "validation batches at each checkpoint")
-    precision: str = _setting("fp32", "bf16: mixed_bfloat16 (bfloat16 compute, float32 weights)", ("fp32", "bf16"))
+    precision: str = _setting("fp32", "bf16: mixed_bfloat16 (bfloat16 compute, float32 weights)", PRECISIONS)
     jit_compile: str = _setting(
-        "auto", "auto: XLA on TensorFlow and JAX, eager torch; true on torch: torch.compile", ("auto", "true", "false")
+        "auto", "auto: XLA on TensorFlow and JAX, eager torch; true on torch: torch.compile", JIT_COMPILE_CHOICES
     )
     allocator: str = _setting(
         "reuse", "reuse: malloc keeps freed memory for the next step (faster on CPU, see allocator.py)", ALLOCATORS
@@ -284,7 +286,7 @@ def resolve_jit_compile(value):
     means `torch.compile`).
     """
     choice = str(value).lower()
-    if choice not in ("auto", "true", "false"):
+    if choice not in JIT_COMPILE_CHOICES:
         raise ValueError(f"`jit_compile` must be 'auto', 'true' or 'false', got {value!r}.")
     if choice != "auto":
         return choice == "true"
@@ -293,7 +295,7 @@ def resolve_jit_compile(value):
 
 def train(config):
     """Runs (or resumes) the training run of `config`; returns its evaluation dict."""
-    if config.precision not in ("fp32", "bf16"):
+    if config.precision not in PRECISIONS:
         raise ValueError(f"`precision` must be 'fp32' or 'bf16', got {config.precision!r}.")
     if not isinstance(config.checkpoint_every, int) or config.checkpoint_every < 1:
         raise ValueError(f"`checkpoint_every` must be a positive number of steps, got {config.checkpoint_every!r}.")
