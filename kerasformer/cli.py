@@ -3,6 +3,7 @@
     kerasformer train gpt --preset gpt2-tiny --data input.txt --steps 2000 --run-dir runs/shakespeare
     kerasformer train gpt --model num_layers=4 --model position_type=rotary ...  # any preset argument
     kerasformer generate runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8
+    kerasformer generate runs/shakespeare --prompt "ROMEO:" --prompt "JULIET:"  # one batch, two texts
     kerasformer export runs/shakespeare saved_models/shakespeare
     kerasformer serve saved_models/shakespeare --port 8501
 """
@@ -46,7 +47,10 @@ def model_argument(text):
 def _generate_parser(subparsers):
     parser = subparsers.add_parser("generate", help="generate text with a trained run")
     parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`")
-    parser.add_argument("--prompt", required=True, help="text to continue (GPT) or to transform (T5, Transformer)")
+    parser.add_argument(
+        "--prompt", required=True, action="append",
+        help="text to continue (GPT) or to transform (T5, Transformer); repeat it for a batch, printed in order",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (default: %(default)s)")
     parser.add_argument(
         "--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature (default: %(default)s)"
@@ -75,7 +79,11 @@ def _serve_parser(subparsers):
 
 
 def generate_text(run_dir, prompt, max_new_tokens=100, **options):
-    """Text from a trained run: GPT continues `prompt`; T5/Transformer transform it."""
+    """Text from a trained run: GPT continues `prompt`; T5/Transformer transform it.
+
+    `prompt` is a string, or a list of them generated as one batch (their
+    lengths may differ); the result is a string or a list to match.
+    """
     import numpy as np
 
     from kerasformer import data
@@ -83,15 +91,20 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
     from kerasformer.models import GPT
     from kerasformer.train import load_run
 
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     model, tokenizer, _ = load_run(run_dir)
-    ids = data.encode(tokenizer, prompt)
+    ids = [data.encode(tokenizer, text) for text in prompts]
     if isinstance(model, GPT):
-        new = generate(model, [ids], max_new_tokens=max_new_tokens, **options)[0]
-        return data.continuation(tokenizer, prompt, ids, new)
-    start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
-    new = generate(model, np.asarray([ids]), max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)[0]
-    new = [int(t) for t in new if t not in (0, end)]
-    return data.decode(tokenizer, new)
+        new = generate(model, ids, max_new_tokens=max_new_tokens, **options)
+        texts = [data.continuation(tokenizer, *row) for row in zip(prompts, ids, new)]
+    else:
+        start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
+        sources = np.zeros((len(ids), max(map(len, ids))), "int32")  # Padded with 0, which encoders mask.
+        for row, source in enumerate(ids):
+            sources[row, : len(source)] = source
+        new = generate(model, sources, max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)
+        texts = [data.decode(tokenizer, [int(t) for t in row if t not in (0, end)]) for row in new]
+    return texts[0] if isinstance(prompt, str) else texts
 
 
 def main(argv=None):
@@ -117,13 +130,12 @@ def _run(args):
         config = TrainConfig(**{**settings, "overrides": dict(settings["overrides"])})
         train(config)
     elif args.command == "generate":
-        print(
-            generate_text(
-                args.run_dir, args.prompt, args.max_new_tokens,
-                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                num_beams=args.num_beams,
-            )
+        texts = generate_text(
+            args.run_dir, args.prompt, args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            num_beams=args.num_beams,
         )
+        print("\n\n".join(texts))  # One prompt's text, or each in order, a blank line apart.
     elif args.command == "export":
         from kerasformer.export import export_run
 

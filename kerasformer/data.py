@@ -46,10 +46,17 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
         )
         return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=False, dtype="int32")
     if kind in ("sentencepiece", "bpe"):
-        proto = keras_hub.tokenizers.compute_sentence_piece_proto(
-            tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000,
-            model_type="bpe" if kind == "bpe" else "unigram",
-        )  # KerasHub reserves id 0 for <pad>, 1 <unk>, 2 <s>, 3 </s>.
+        import sentencepiece
+
+        # The trainer logs its whole spec and every iteration (~90 lines) at INFO.
+        sentencepiece.set_min_log_level(1)
+        try:
+            proto = keras_hub.tokenizers.compute_sentence_piece_proto(
+                tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000,
+                model_type="bpe" if kind == "bpe" else "unigram",
+            )  # KerasHub reserves id 0 for <pad>, 1 <unk>, 2 <s>, 3 </s>.
+        finally:
+            sentencepiece.set_min_log_level(0)  # SentencePiece's default.
         return keras_hub.tokenizers.SentencePieceTokenizer(proto=proto, dtype="int32")
     raise ValueError(f"Unknown tokenizer `kind` {kind!r}; expected one of {TOKENIZER_KINDS}.")
 

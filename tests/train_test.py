@@ -38,7 +38,7 @@ def test_schedule_warms_up_then_decays_and_spares_vectors_from_decay():
     assert any(len(v.shape) == 1 for v in model.trainable_variables)  # Biases and norms exist, undecayed.
 
 
-def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path):
+def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
     run_dir = tmp_path / "gpt"
     # --model sets arguments of the preset's builder: here a LLaMA-style GPT.
     architecture = ["--model", "num_layers=1", "--model", "position_type=rotary", "--model", "activation=swiglu"]
@@ -58,6 +58,15 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path):
     assert text.startswith("the cat") and len(text) > len("the cat")
     beams = generate_text(str(run_dir), "the cat", max_new_tokens=10, num_beams=3)
     assert beams.startswith("the cat") and len(beams) > len("the cat")
+    # Repeated --prompt: one batch of prompts of different lengths, each text as if generated alone.
+    prompts = ["the cat", "a big dog ran to the"]
+    alone = [generate_text(str(run_dir), prompt, max_new_tokens=6) for prompt in prompts]
+    assert generate_text(str(run_dir), prompts, max_new_tokens=6) == alone
+    from kerasformer.cli import main
+
+    capsys.readouterr()
+    main(["generate", str(run_dir), "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", "6"])
+    assert capsys.readouterr().out == alone[0] + "\n\n" + alone[1] + "\n"
     # A bad request is one line naming the argument, not a traceback.
     command, env = cli("generate", str(run_dir), "--prompt", "the cat", "--top-p", "1.5")
     result = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -129,6 +138,10 @@ def test_other_tasks_train_and_report_their_score(task, metric, tmp_path):
     results = train(config)
     assert 0.0 <= results[metric] <= 1.0
     assert (tmp_path / task / "model.keras").exists()
+    if task != "bert":  # A batch of sources of different lengths (padded, masked) gives each one's text alone.
+        sources = ["1 2", "3 0 4 7"]  # Digits to number words.
+        alone = [generate_text(str(tmp_path / task), source, max_new_tokens=8) for source in sources]
+        assert generate_text(str(tmp_path / task), sources, max_new_tokens=8) == alone
 
 
 def test_bert_on_a_text_file_learns_a_wordpiece_vocabulary_of_that_text(tmp_path):
