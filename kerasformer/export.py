@@ -126,6 +126,7 @@ def build_signatures(model, tokenizer=None):
 
         @tf.function(input_signature=[ids("token_ids"), ids("padding_mask")])
         def serving_default(token_ids, padding_mask):
+            token_ids, padding_mask = _after(_fits_positions(model, tf.shape(token_ids)[1], "`token_ids`"), token_ids, padding_mask)
             logits, _, _ = model.compute_logits(token_ids, padding_mask=tf.cast(padding_mask, tf.bool))
             return {"logits": logits}
 
@@ -160,6 +161,8 @@ def build_signatures(model, tokenizer=None):
         pad = backbone.pad_token_id
 
         def inputs(token_ids, padding_mask, segment_ids):
+            checks = _fits_positions(backbone, tf.shape(token_ids)[1], "`token_ids`")
+            token_ids, padding_mask, segment_ids = _after(checks, token_ids, padding_mask, segment_ids)
             return {"token_ids": tf.where(padding_mask > 0, token_ids, pad), "segment_ids": segment_ids}
 
         bert_spec = [ids("token_ids"), ids("padding_mask"), ids("segment_ids")]
@@ -206,6 +209,29 @@ def build_signatures(model, tokenizer=None):
     return signatures
 
 
+def _fits_positions(model, length, what):
+    """In-graph checks that `length` tokens fit `model`'s learned position table, if it has one.
+
+    A SavedModel takes any length; without the check a longer request fails
+    deep in a gather with "indices[128] = 128 is not in [0, 128)".
+    """
+    import tensorflow as tf
+
+    if getattr(model, "position_type", None) != "learned":
+        return []
+    limit = model.max_sequence_length
+    message = f"{what} must fit the learned positions: at most {limit} tokens (max_sequence_length={limit})."
+    return [tf.debugging.assert_less_equal(length, limit, message=message)]
+
+
+def _after(checks, *tensors):
+    """`tensors`, computed only once `checks` (assertions) have passed."""
+    import tensorflow as tf
+
+    with tf.control_dependencies(checks):
+        return tuple(tf.identity(t) for t in tensors)
+
+
 def _noise(batch, length, seed):
     import tensorflow as tf
 
@@ -224,6 +250,12 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
 
     generator = Generator(model)
     lengths = tf.reduce_sum(tf.cast(padding_mask > 0, tf.int32), axis=1)  # (B,)
+    checks = [
+        tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
+        tf.debugging.assert_greater_equal(max_new_tokens, 1, message="`max_new_tokens` must be at least 1."),
+    ]
+    checks += _fits_positions(model, tf.shape(token_ids)[1] + max_new_tokens, "The longest prompt + `max_new_tokens`")
+    token_ids, lengths, max_new_tokens = _after(checks, token_ids, lengths, max_new_tokens)
     batch, prompt_length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
     total = prompt_length + max_new_tokens
     buffer = tf.pad(token_ids * tf.cast(padding_mask > 0, tf.int32), [[0, 0], [0, max_new_tokens]])
@@ -245,6 +277,8 @@ def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, tempera
     from kerasformer.generate import Generator, _loop_body
 
     generator = Generator(model)
+    checks = [tf.debugging.assert_greater_equal(max_new_tokens, 1, message="`max_new_tokens` must be at least 1.")]
+    encoder_token_ids, max_new_tokens = _after(checks, encoder_token_ids, max_new_tokens)
     batch = tf.shape(encoder_token_ids)[0]
     total = 1 + max_new_tokens
     buffer = tf.concat([tf.fill([batch, 1], start_token_id), tf.zeros([batch, max_new_tokens], tf.int32)], axis=1)
@@ -269,7 +303,11 @@ def _text_signatures(model, tokenizer, signatures):
     text = tf.TensorSpec([None], tf.string, name="text")
 
     def tokenize(strings):
-        return padded(tokenizer(strings))
+        return padded(nonempty(tokenizer(strings)))
+
+    def nonempty(ragged):  # Every text has a token: an empty prompt or source has nothing to condition on.
+        check = tf.debugging.assert_greater_equal(ragged.row_lengths(), tf.constant(1, tf.int64), message="Each `text` needs at least one token.")
+        return ragged.with_flat_values(_after([check], ragged.flat_values)[0])
 
     def padded(ragged):  # (B, None) ragged ids -> (B, T) ids and padding mask
         token_ids = tf.cast(ragged.to_tensor(default_value=0), tf.int32)
@@ -285,7 +323,7 @@ def _text_signatures(model, tokenizer, signatures):
         @tf.function(input_signature=[text, tf.TensorSpec([], tf.int32, "max_new_tokens"), tf.TensorSpec([], tf.float32, "temperature"),
                                       tf.TensorSpec([], tf.int32, "top_k"), tf.TensorSpec([], tf.int32, "seed")])
         def generate_text(text, max_new_tokens, temperature, top_k, seed):
-            prompt = tokenizer(text)  # (B, None) ragged
+            prompt = nonempty(tokenizer(text))  # (B, None) ragged
             new = signatures["generate"](*padded(prompt), max_new_tokens, temperature, top_k, seed)["generated_ids"]
             # As `data.continuation`: decoded with the prompt's ids, so that
             # word and subword tokenizers place the joining space.

@@ -172,6 +172,22 @@ class ServedModel:
         return tf.constant(array, dtype=dtype)
 
 
+def _error_message(error):
+    """The line of a (TensorFlow) error that says what went wrong.
+
+    A graph's error starts "Graph execution error:", then the node and where
+    it was defined; the op's own message (an assertion's text) comes last.
+    """
+    lines = [line.strip() for line in str(error).splitlines()]
+    for line in lines:
+        if line.startswith("assertion failed: ["):  # "assertion failed: [text] [Condition x <= y ...] [x = ] [9] ..."
+            return line[len("assertion failed: ["):].split("]", 1)[0]
+    if lines and lines[0].startswith("Graph execution error"):
+        lines = [line for line in lines if line and not line.startswith("[[")]  # "[[{{node ...}}]] [Op: ...]"
+        return lines[-1]
+    return lines[0] if lines and lines[0] else type(error).__name__
+
+
 def _jsonable(array):
     array = np.asarray(array)
     if array.dtype == object:
@@ -245,8 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as error:
             self._reply(400, {"error": str(error)})
         except Exception as error:  # noqa: BLE001 - a server answers, it does not crash.
-            message = str(error).splitlines()[0] if str(error) else type(error).__name__
-            self._reply(400 if "InvalidArgument" in type(error).__name__ else 500, {"error": message[:500]})
+            self._reply(400 if "InvalidArgument" in type(error).__name__ else 500, {"error": _error_message(error)[:500]})
 
     def do_PUT(self):
         self._reply(405, {"error": "Use GET for status and metadata, POST for :predict."})

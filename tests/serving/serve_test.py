@@ -129,6 +129,30 @@ def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_
     assert good_request_succeeds(port)
 
 
+GENERATION = {"temperature": 0.0, "top_k": 0, "seed": 0}
+
+
+@pytest.mark.parametrize("name,request_body,message", [
+    ("longer than the position table", {"inputs": {"token_ids": [[5] * 129], "padding_mask": [[1] * 129]}},
+     "`token_ids` must fit the learned positions: at most 128 tokens (max_sequence_length=128)."),
+    ("prompt + new tokens past the position table", {"signature_name": "generate", "inputs": {
+        "token_ids": [[5] * 60], "padding_mask": [[1] * 60], "max_new_tokens": 100, **GENERATION}},
+     "The longest prompt + `max_new_tokens` must fit the learned positions: at most 128 tokens (max_sequence_length=128)."),
+    ("a prompt of padding only", {"signature_name": "generate", "inputs": {
+        "token_ids": [[5, 6], [7, 8]], "padding_mask": [[1, 1], [0, 0]], "max_new_tokens": 2, **GENERATION}},
+     "Each prompt needs at least one token; a row of `padding_mask` has none."),
+    ("empty text", {"signature_name": "generate_text", "inputs": {"text": ["abc", ""], "max_new_tokens": 2, **GENERATION}},
+     "Each `text` needs at least one token."),
+])
+def test_requests_the_graph_refuses_get_its_message(server, name, request_body, message):
+    # Checked inside the SavedModel (so TF Serving refuses them too); the
+    # server answers with the check's message, not "Graph execution error:".
+    port, _, process = server
+    status, body = call(port, "POST", "/v1/models/tiny:predict", request_body)
+    assert (status, body) == (400, {"error": message}), name
+    assert process.poll() is None and good_request_succeeds(port)
+
+
 def test_unknown_paths_and_methods(server):
     port, _, _ = server
     assert call(port, "GET", "/v1/models/other")[0] == 404
