@@ -48,6 +48,8 @@ class ServedModel:
         self.tf = tf
         self.path = os.path.abspath(path)
         self.name = name or os.path.basename(self.path.rstrip("/"))
+        if not os.path.isfile(os.path.join(self.path, "saved_model.pb")):
+            raise ValueError(f"{path!r} is not a SavedModel folder (no saved_model.pb); write one with `kerasformer export`.")
         self.module = tf.saved_model.load(self.path)
         self.signatures = dict(self.module.signatures)
         info_path = os.path.join(self.path, "kerasformer.json")

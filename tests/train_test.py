@@ -58,6 +58,8 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
     assert text.startswith("the cat") and len(text) > len("the cat")
     beams = generate_text(str(run_dir), "the cat", max_new_tokens=10, num_beams=3)
     assert beams.startswith("the cat") and len(beams) > len("the cat")
+    with pytest.raises(ValueError, match="`prompt` '' has no tokens"):
+        generate_text(str(run_dir), "", max_new_tokens=2)
     # Repeated --prompt: one batch of prompts of different lengths, each text as if generated alone.
     prompts = ["the cat", "a big dog ran to the"]
     alone = [generate_text(str(run_dir), prompt, max_new_tokens=6) for prompt in prompts]

@@ -171,3 +171,12 @@ def test_concurrent_clients_then_clean_sigterm(server):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
     assert "Server stopped." in process.stdout.read()
+
+
+def test_serving_a_folder_without_a_saved_model_is_one_error_line(tmp_path, capsys):
+    from kerasformer.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("is not a SavedModel folder (no saved_model.pb); write one with `kerasformer export`.")
