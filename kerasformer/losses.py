@@ -18,7 +18,9 @@ class TokenCrossEntropy(keras.losses.Loss):
     took ~18% of a GPT training step (vocabulary 8192, see
     `benchmarks/train_throughput.py`); on torch its gradient is also written
     as two passes (see `_torch_token_cross_entropy`). Padding is left out with
-    `sample_weight`, as with any Keras loss.
+    `sample_weight`, as with any Keras loss; `reduction="mean_with_sample_weight"`
+    then averages over the weighted tokens (as `torch.nn.CrossEntropyLoss`
+    with `ignore_index` does) instead of over every position.
 
     Example:
 

@@ -313,7 +313,10 @@ def train(config):
     weighted = config.task != "gpt"
     model.compile(
         optimizer=make_optimizer(model, config),
-        loss=TokenCrossEntropy(),
+        # The mean over the tokens that count (masked tokens, real target
+        # tokens), as BERT's and T5's papers and `transformers` report it;
+        # Keras's default divides by every position, padding included.
+        loss=TokenCrossEntropy(reduction="mean_with_sample_weight"),
         weighted_metrics=["accuracy"] if weighted else None,
         jit_compile=resolve_jit_compile(config.jit_compile),
     )

@@ -26,6 +26,8 @@ def test_matches_numpy_with_and_without_sample_weights(label_shape):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loss(given, logits)), expected.mean(), rtol=1e-5)
     weighted = keras.ops.convert_to_numpy(loss(given, logits, sample_weight=weights))
     np.testing.assert_allclose(weighted, (expected * weights).sum() / weights.size, rtol=1e-5)
+    over_weights = TokenCrossEntropy(reduction="mean_with_sample_weight")(given, logits, sample_weight=weights)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(over_weights), (expected * weights).sum() / weights.sum(), rtol=1e-5)
     per_token = TokenCrossEntropy(reduction=None)(given, logits)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(per_token), expected, rtol=1e-5, atol=1e-6)
 

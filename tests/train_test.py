@@ -9,10 +9,11 @@ import sys
 import time
 
 import keras
+import numpy as np
 import pytest
 
 from kerasformer.cli import generate_text
-from kerasformer.train import TrainConfig, load_run, make_optimizer, resolve_jit_compile, train
+from kerasformer.train import TrainConfig, build_task, load_run, make_optimizer, resolve_jit_compile, train
 from kerasformer.models import from_preset
 
 TINY = ["--steps", "40", "--checkpoint-every", "10", "--batch-size", "8", "--sequence-length", "32",
@@ -140,6 +141,17 @@ def test_other_tasks_train_and_report_their_score(task, metric, tmp_path):
     results = train(config)
     assert 0.0 <= results[metric] <= 1.0
     assert (tmp_path / task / "model.keras").exists()
+    # The training loss averages over the tokens that count (masked / real
+    # target tokens), not over every position: checked on a validation batch.
+    model = load_run(str(tmp_path / task))[0]
+    inputs, labels, weights = build_task(config)[3][0]
+    logits = keras.ops.convert_to_numpy(model.predict(inputs, verbose=0)).astype("float64")
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    token_losses = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    loss = model.evaluate(inputs, labels, sample_weight=weights, batch_size=len(labels), verbose=0, return_dict=True)["loss"]
+    assert 0 < weights.sum() < weights.size  # Padding / unmasked positions are left out...
+    np.testing.assert_allclose(loss, (token_losses * weights).sum() / weights.sum(), rtol=1e-4)  # ...of the mean.
     if task != "bert":  # A batch of sources of different lengths (padded, masked) gives each one's text alone.
         sources = ["1 2", "3 0 4 7"]  # Digits to number words.
         alone = [generate_text(str(tmp_path / task), source, max_new_tokens=8) for source in sources]
