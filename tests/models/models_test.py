@@ -163,3 +163,55 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="target_vocab_size"):
         Transformer(VOCAB, 1, 2, 32, 64, target_vocab_size=10)
     assert "gpt2-small" in preset_names()
+
+
+@pytest.mark.parametrize("version", ["v1.0", "v1.1"])
+def test_t5_initializes_as_transformers_does(version):
+    """Each T5 weight role starts with the spread of `transformers`' own init.
+
+    T5 does not scale attention scores by 1/sqrt(d_kv); its query init does.
+    The reference is a randomly initialized `T5ForConditionalGeneration`.
+    """
+    transformers = pytest.importorskip("transformers")
+    gated = version == "v1.1"
+    config = transformers.T5Config(
+        vocab_size=512, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=not gated,
+    )
+    reference = transformers.T5ForConditionalGeneration(config)
+    hf_roles = {"shared": "embedding", "lm_head": "head", "relative_attention_bias": "position_bias",
+                "SelfAttention.q": "query", "EncDecAttention.q": "query", "SelfAttention.k": "key",
+                "EncDecAttention.k": "key", "SelfAttention.v": "value", "EncDecAttention.v": "value",
+                "SelfAttention.o": "attention_output", "EncDecAttention.o": "attention_output",
+                "wi": "ffn_input", "wi_0": "ffn_input", "wi_1": "ffn_input", "wo": "ffn_output"}
+
+    def hf_role(name):
+        parts = name.removesuffix(".weight").split(".")
+        return hf_roles.get(".".join(parts[-2:])) or hf_roles.get(parts[-1])
+
+    ours = T5(vocab_size=512, num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=256, head_dim=32,
+              activation="geglu_tanh" if gated else "relu", tie_embeddings=not gated)
+    our_roles = {"token_embedding/embeddings": "embedding", "lm_head/kernel": "head", "position_bias/embeddings": "position_bias",
+                 "attention/query/kernel": "query", "attention/key/kernel": "key", "attention/value/kernel": "value",
+                 "attention/output/kernel": "attention_output", "feedforward/intermediate/kernel": "ffn_input",
+                 "feedforward/gate/kernel": "ffn_input", "feedforward/output/kernel": "ffn_output"}
+
+    def our_role(path):
+        return next((role for suffix, role in our_roles.items() if path.endswith(suffix)), None)
+
+    def spreads(named_values, role_of):
+        pooled = {}
+        for name, value in named_values:
+            role = role_of(name)
+            if role is not None:
+                pooled.setdefault(role, []).append(np.asarray(value, "float64").ravel())
+        return {role: np.concatenate(values).std() for role, values in pooled.items()}
+
+    expected = spreads(((n, p.detach().numpy()) for n, p in reference.named_parameters()), hf_role)
+    got = spreads(((w.path, to_numpy(w)) for w in ours.weights), our_role)
+    if gated:  # transformers 5's T5Config always ties; its init gives an untied lm_head N(0, 1).
+        expected.setdefault("head", 1.0)
+    assert set(got) == set(expected) == set(our_roles.values()) - ({"head"} if not gated else set())
+    for role, std in expected.items():
+        tolerance = 0.2 if role == "position_bias" else 0.05  # (32, 4) tables: few samples.
+        assert got[role] == pytest.approx(std, rel=tolerance), role
