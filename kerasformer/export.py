@@ -14,8 +14,10 @@ current backend is another), where the signatures are traced:
 - `fill_mask`, `embed` (BERT masked LM), `classify`, `embed` (BERT
   classifier);
 - with a KerasHub tokenizer: `generate_text` (GPT, T5, Transformer) and
-  `fill_mask_text` / `classify_text` (BERT), strings in and out, the
-  tokenizer inside the graph.
+  `fill_mask_text` (each "[MASK]" of the text filled with the predicted
+  token) / `classify_text` (BERT; rows read as `[CLS] text [SEP]`, as
+  `kerasformer train bert` writes them), strings in and out, the tokenizer
+  inside the graph.
 
 The SavedModel is written to a temporary folder beside the target and moved
 into place at the end, so a failed export never leaves a half-written folder.
@@ -345,14 +347,40 @@ def _text_signatures(model, tokenizer, signatures):
 
         out["generate_text"] = generate_text
     elif isinstance(model, (BERTMaskedLM, BERTClassifier)):
-        name = "fill_mask" if isinstance(model, BERTMaskedLM) else "classify"
+        cls, sep, mask_id = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
 
-        @tf.function(input_signature=[text])
-        def text_signature(text):
-            token_ids, mask = tokenize(text)
-            return signatures[name](token_ids, mask, tf.zeros_like(token_ids))
+        def bert_rows(text):  # "[CLS] text [SEP]", each "[MASK]" in the text the mask id, as `kerasformer train bert` writes rows.
+            pieces = tf.strings.split(text, sep=data.MASK)  # (B, pieces) ragged
+            piece_ids = tf.cast(tokenizer(pieces.flat_values), tf.int32).with_row_splits_dtype(tf.int64)  # (N, None) ragged
+            row_ends = tf.gather(pieces.row_limits(), pieces.value_rowids())  # (N,) where each piece's text ends
+            followed = tf.cast(tf.range(tf.size(pieces.flat_values, out_type=tf.int64)) < row_ends - 1, tf.int32)  # (N,)
+            masks = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(followed)], mask_id), tf.cast(followed, tf.int64))
+            # A mask id after every piece but each text's last.
+            ids = tf.RaggedTensor.from_row_lengths(tf.concat([piece_ids, masks], axis=1), pieces.row_lengths()).merge_dims(1, 2)
+            ids = nonempty(ids)
+            batch = tf.shape(text)[:1]
+            return tf.concat([tf.fill(tf.concat([batch, [1]], 0), cls), ids, tf.fill(tf.concat([batch, [1]], 0), sep)], axis=1)
 
-        out[name + "_text"] = text_signature
+        if isinstance(model, BERTMaskedLM):
+
+            @tf.function(input_signature=[text])
+            def fill_mask_text(text):
+                rows = bert_rows(text)  # (B, None) ragged
+                token_ids, mask = padded(rows)
+                predicted = signatures["fill_mask"](token_ids, mask, tf.zeros_like(token_ids))["predicted_ids"]  # (B, T)
+                filled = tf.where(tf.equal(token_ids, mask_id), predicted, token_ids)  # (B, T)
+                filled = tf.RaggedTensor.from_tensor(filled, lengths=rows.row_lengths())[:, 1:-1]  # Without [CLS], [SEP].
+                return {"text": tokenizer.detokenize(filled)}
+
+            out["fill_mask_text"] = fill_mask_text
+        else:
+
+            @tf.function(input_signature=[text])
+            def classify_text(text):
+                token_ids, mask = padded(bert_rows(text))
+                return signatures["classify"](token_ids, mask, tf.zeros_like(token_ids))
+
+            out["classify_text"] = classify_text
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 from kerasformer import data
 from kerasformer.export import export
 from kerasformer.generate import generate
-from kerasformer.models import BERTMaskedLM, from_preset
+from kerasformer.models import BERTClassifier, BERTMaskedLM, from_preset
 from tests.conftest import to_numpy
 
 VOCAB = 64
@@ -104,6 +104,37 @@ def test_t5_export_matches_logits_and_greedy_generation(tmp_path):
     expected = to_numpy(model({"encoder_token_ids": encoder, "decoder_token_ids": decoder}))
     np.testing.assert_allclose(np.array(results["serving_default"]["logits"]), expected, atol=1e-4)
     np.testing.assert_array_equal(np.array(results["generate"]["generated_ids"]), generate(model, encoder, max_new_tokens=5, start_token_id=1))
+
+
+def test_fill_mask_text_fills_each_mask_of_a_bert_row(tmp_path):
+    words = "the cat sat on a mat dog ran".split()
+    tokenizer = data.word_tokenizer(words)
+    model = BERTMaskedLM(from_preset("bert-tiny", vocab_size=int(tokenizer.vocabulary_size())))
+    ids = np.random.default_rng(0).integers(len(data.SPECIAL_TOKENS), len(data.SPECIAL_TOKENS) + len(words), (8, 10)).astype("int32")
+    train_briefly(model, {"token_ids": ids, "segment_ids": np.zeros_like(ids)}, ids)
+    path = export(model, tmp_path / "bert_text", tokenizer=tokenizer)
+    texts = ["the cat [MASK] on a mat", "[MASK] dog ran [MASK]"]
+    results = run_saved_model(path, {"fill_mask_text": {"text": texts}})
+    cls, sep, mask = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
+    for text, filled in zip(texts, results["fill_mask_text"]["text"]):
+        # As `kerasformer train bert` writes rows: [CLS] words [SEP], a [MASK] id per mask.
+        row = [cls] + [mask if w == data.MASK else int(data.encode(tokenizer, w)[0]) for w in text.split()] + [sep]
+        logits = to_numpy(model({"token_ids": np.array([row]), "segment_ids": np.zeros((1, len(row)), "int32")}))[0]
+        expected = [tokenizer.id_to_token(int(logits[i].argmax())) if t == mask else w
+                    for i, (t, w) in enumerate(zip(row[1:-1], text.split()), start=1)]
+        assert filled == " ".join(expected)
+
+
+def test_classify_text_reads_a_bert_row(tmp_path):
+    tokenizer = data.word_tokenizer("the cat sat on a mat".split())
+    model = BERTClassifier(from_preset("bert-tiny", vocab_size=int(tokenizer.vocabulary_size())), num_classes=3)
+    path = export(model, tmp_path / "classifier_text", tokenizer=tokenizer)
+    results = run_saved_model(path, {"classify_text": {"text": ["the cat sat", "a mat"]}})
+    cls, sep = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP))
+    for text, probabilities in zip(["the cat sat", "a mat"], results["classify_text"]["probabilities"]):
+        row = np.array([[cls, *data.encode(tokenizer, text), sep]])
+        logits = to_numpy(model({"token_ids": row, "segment_ids": np.zeros_like(row)}))[0]
+        np.testing.assert_allclose(probabilities, np.exp(logits) / np.exp(logits).sum(), atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["char", "words"])
