@@ -84,8 +84,6 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
     `prompt` is a string, or a list of them generated as one batch (their
     lengths may differ); the result is a string or a list to match.
     """
-    import numpy as np
-
     from kerasformer import data
     from kerasformer.generate import generate
     from kerasformer.models import GPT
@@ -102,9 +100,7 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
         texts = [data.continuation(tokenizer, *row) for row in zip(prompts, ids, new)]
     else:
         start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
-        sources = np.zeros((len(ids), max(map(len, ids))), "int32")  # Padded with 0, which encoders mask.
-        for row, source in enumerate(ids):
-            sources[row, : len(source)] = source
+        sources = data.pad_batch(ids)  # Padded with 0, which encoders mask.
         new = generate(model, sources, max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)
         texts = [data.decode(tokenizer, [int(t) for t in row if t not in (0, end)]) for row in new]
     return texts[0] if isinstance(prompt, str) else texts

@@ -83,15 +83,13 @@ class T5(EncoderDecoderModel):
             attention_scale=1.0,  # T5 folds 1/sqrt(d) into its initialization.
         )
 
-        normal = keras.initializers.RandomNormal
-
         def relative_bias(bidirectional, name):
             return RelativePositionBias(
                 num_heads,
                 num_buckets=relative_attention_num_buckets,
                 max_distance=relative_attention_max_distance,
                 bidirectional=bidirectional,
-                initializer=normal(stddev=hidden_dim**-0.5),
+                initializer=keras.initializers.RandomNormal(stddev=hidden_dim**-0.5),
                 name=name,
             )
 
@@ -119,7 +117,7 @@ class T5(EncoderDecoderModel):
             decoder_final_norm=make_norm("rms_norm", norm_epsilon, None, "decoder_final_norm"),
             lm_head=None
             if tie_embeddings
-            else keras.layers.Dense(vocab_size, use_bias=False, kernel_initializer=normal(stddev=1.0), name="lm_head"),
+            else keras.layers.Dense(vocab_size, use_bias=False, kernel_initializer=keras.initializers.RandomNormal(stddev=1.0), name="lm_head"),
             output_scale=hidden_dim**-0.5 if tie_embeddings else None,
             pad_token_id=pad_token_id,
         )
