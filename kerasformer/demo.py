@@ -72,8 +72,7 @@ def main(argv=None):
             try:
                 status, reply = _post(port, "/v1/models/demo:predict", {
                     "signature_name": "generate_text",
-                    "inputs": {"text": ["the old cat", "some robots"], "max_new_tokens": 40,
-                               "temperature": 0.0, "top_k": 0, "seed": 0},
+                    "inputs": {"text": ["the old cat", "some robots"], "max_new_tokens": 40},  # Greedy by default.
                 })
                 break
             except OSError:

@@ -9,8 +9,8 @@ current backend is another), where the signatures are traced:
 - `serving_default`: token ids (+ padding mask, segment ids, decoder ids)
   -> logits, for every model;
 - `generate` (GPT, T5, Transformer): prompt ids + padding mask, max new
-  tokens, temperature, top-k, seed -> generated ids, the KV-cached loop
-  running inside the graph;
+  tokens, temperature, top-k, top-p, seed, stop token ids -> generated ids,
+  the KV-cached loop running inside the graph;
 - `fill_mask`, `embed` (BERT masked LM), `classify`, `embed` (BERT
   classifier);
 - with a KerasHub tokenizer: `generate_text` (GPT, T5, Transformer) and
@@ -21,7 +21,10 @@ current backend is another), where the signatures are traced:
 
 The SavedModel is written to a temporary folder beside the target and moved
 into place at the end, so a failed export never leaves a half-written folder.
-Batch and sequence dimensions are dynamic.
+Batch and sequence dimensions are dynamic. A signature takes every input
+(TF Serving has no optional inputs); `kerasformer.json` beside it records the
+values `kerasformer serve` fills in for the generation options a request
+leaves out (`DEFAULTS`: greedy, all tokens, no stop token, 32 new tokens).
 """
 
 import json
@@ -32,6 +35,10 @@ import sys
 import tempfile
 
 import keras
+
+# What `kerasformer serve` uses for an option a request leaves out: greedy
+# decoding of 32 tokens (as `generate`), no top-k / top-p filter, no stop token.
+DEFAULTS = {"max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "stop_token_ids": []}
 
 
 def export(model, path, tokenizer=None):
@@ -94,13 +101,13 @@ def _export_with_tensorflow(keras_path, tokenizer_dir, output):
     import tensorflow as tf
 
     import kerasformer.models  # noqa: F401 - registers the classes for loading.
+    from kerasformer import data
+    from kerasformer.models.seq2seq import EncoderDecoderModel
 
     model = keras.saving.load_model(keras_path)
     tokenizer = None
     if tokenizer_dir:
-        from kerasformer.data import load_tokenizer
-
-        tokenizer = load_tokenizer(tokenizer_dir)
+        tokenizer = data.load_tokenizer(tokenizer_dir)
     module = tf.Module()
     module.variables_ = [v.value for v in model.variables]  # Tracked for saving.
     if tokenizer is not None:
@@ -109,8 +116,13 @@ def _export_with_tensorflow(keras_path, tokenizer_dir, output):
     for name, function in signatures.items():
         setattr(module, name, function)
     tf.saved_model.save(module, output, signatures=signatures)
+    defaults = dict(DEFAULTS)
+    if isinstance(model, EncoderDecoderModel):
+        # A run of `kerasformer train` starts decoding at its start token; a bare model at the pad id, as `generate`.
+        defaults["start_token_id"] = data.SPECIAL_TOKENS.index(data.START) if tokenizer is not None else model.pad_token_id
+    info = {"model": type(model).__name__, "config": model.get_config(), "signatures": sorted(signatures), "defaults": defaults}
     with open(os.path.join(output, "kerasformer.json"), "w") as f:
-        json.dump({"model": type(model).__name__, "config": model.get_config(), "signatures": sorted(signatures)}, f, indent=2, default=str)
+        json.dump(info, f, indent=2, default=str)
 
 
 def build_signatures(model, tokenizer=None):
@@ -122,6 +134,7 @@ def build_signatures(model, tokenizer=None):
 
     ids = lambda name: tf.TensorSpec([None, None], tf.int32, name=name)  # noqa: E731
     scalar = lambda dtype, name: tf.TensorSpec([], dtype, name=name)  # noqa: E731
+    sampling_spec = _option_specs(stop_token_ids=True)
     signatures = {}
 
     if isinstance(model, GPT):
@@ -132,10 +145,10 @@ def build_signatures(model, tokenizer=None):
             logits, _, _ = model.compute_logits(token_ids, padding_mask=tf.cast(padding_mask, tf.bool))
             return {"logits": logits}
 
-        @tf.function(input_signature=[ids("token_ids"), ids("padding_mask"), scalar(tf.int32, "max_new_tokens"),
-                                      scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"), scalar(tf.int32, "seed")])
-        def generate(token_ids, padding_mask, max_new_tokens, temperature, top_k, seed):
-            return {"generated_ids": _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperature, top_k, seed)}
+        @tf.function(input_signature=[ids("token_ids"), ids("padding_mask"), *sampling_spec])
+        def generate(token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
+            options = _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
+            return {"generated_ids": _generate_in_graph(model, token_ids, padding_mask, *options)}
 
         signatures.update(serving_default=serving_default, generate=generate)
 
@@ -148,13 +161,13 @@ def build_signatures(model, tokenizer=None):
             logits = model({"encoder_token_ids": encoder_token_ids, "decoder_token_ids": decoder_token_ids})
             return {"logits": logits}
 
-        @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), scalar(tf.int32, "max_new_tokens"),
-                                      scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"), scalar(tf.int32, "seed"),
+        @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), *sampling_spec,
                                       scalar(tf.int32, "start_token_id")])
-        def generate(encoder_token_ids, encoder_padding_mask, max_new_tokens, temperature, top_k, seed, start_token_id):
+        def generate(encoder_token_ids, encoder_padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                     start_token_id):
             encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
-            generated = _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, temperature, top_k, seed, start_token_id)
-            return {"generated_ids": generated}
+            options = _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
+            return {"generated_ids": _seq2seq_generate_in_graph(model, encoder_token_ids, *options, start_token_id)}
 
         signatures.update(serving_default=serving_default, generate=generate)
 
@@ -211,6 +224,15 @@ def build_signatures(model, tokenizer=None):
     return signatures
 
 
+def _option_specs(stop_token_ids):
+    """The specs of `generate`'s options, in the order they follow the prompt; `DEFAULTS` has their defaults."""
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec([], dtype, name) for name, dtype in
+             [("max_new_tokens", tf.int32), ("temperature", tf.float32), ("top_k", tf.int32), ("top_p", tf.float32), ("seed", tf.int32)]]
+    return specs + [tf.TensorSpec([None], tf.int32, "stop_token_ids")] if stop_token_ids else specs
+
+
 def _fits_positions(model, length, what):
     """In-graph checks that `length` tokens fit `model`'s learned position table, if it has one.
 
@@ -240,12 +262,28 @@ def _noise(batch, length, seed):
     return tf.random.stateless_uniform(tf.stack([batch, length]), seed=tf.stack([seed, 0]), dtype=tf.float32)
 
 
-def _sampling(temperature, top_k):
-    """Graph-side sampling options: greedy at temperature 0, top-k when > 0."""
-    return {"temperature": temperature, "top_k": top_k, "top_p": None, "greedy": False}
+def _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
+    """The generation options, once in-graph checks of their ranges have passed (the messages of `generate`'s)."""
+    import tensorflow as tf
+
+    checks = [
+        tf.debugging.assert_greater_equal(max_new_tokens, 1, message="`max_new_tokens` must be at least 1."),
+        tf.debugging.assert_greater_equal(temperature, 0.0, message="`temperature` must be >= 0."),
+        tf.debugging.assert_greater_equal(top_k, 0, message="`top_k` must be >= 0 (0: all tokens)."),
+        tf.debugging.assert_greater(top_p, 0.0, message="`top_p` must be above 0 and at most 1 (1: all tokens)."),
+        tf.debugging.assert_less_equal(top_p, 1.0, message="`top_p` must be above 0 and at most 1 (1: all tokens)."),
+    ]
+    # The loop compares each new token with every entry: -1, which none equals, lets the list be empty.
+    stop_token_ids = tf.concat([stop_token_ids, [-1]], axis=0)
+    return _after(checks, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
 
 
-def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperature, top_k, seed):
+def _sampling(temperature, top_k, top_p):
+    """Graph-side sampling options: greedy at temperature 0 (decided per call, in the graph)."""
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "greedy": None}
+
+
+def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
     import tensorflow as tf
 
     from kerasformer.generate import Generator, _loop_body
@@ -254,7 +292,6 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
     lengths = tf.reduce_sum(tf.cast(padding_mask > 0, tf.int32), axis=1)  # (B,)
     checks = [
         tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
-        tf.debugging.assert_greater_equal(max_new_tokens, 1, message="`max_new_tokens` must be at least 1."),
     ]
     checks += _fits_positions(model, tf.shape(token_ids)[1] + max_new_tokens, "The longest prompt + `max_new_tokens`")
     token_ids, lengths, max_new_tokens = _after(checks, token_ids, lengths, max_new_tokens)
@@ -263,33 +300,32 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
     buffer = tf.pad(token_ids * tf.cast(padding_mask > 0, tf.int32), [[0, 0], [0, max_new_tokens]])
     prompt_mask = tf.range(total)[None, :] < lengths[:, None]
     limits = lengths + max_new_tokens
-    body = _loop_body(generator._step(), _sampling(temperature, top_k), 0)
+    body = _loop_body(generator._step(), _sampling(temperature, top_k, top_p), 0)
     result = generator._loop(
         body, tf.zeros([batch, 1], tf.int32), buffer, prompt_mask, limits,
-        _noise(batch, total, seed), tf.reduce_min(lengths), tf.constant([-1], tf.int32),
+        _noise(batch, total, seed), tf.reduce_min(lengths), stop_token_ids,
     )[0]
     # The new tokens of each row, after its own prompt.
     positions = lengths[:, None] + tf.range(max_new_tokens)[None, :]
     return tf.gather(result, positions, batch_dims=1)
 
 
-def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, temperature, top_k, seed, start_token_id):
+def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                               start_token_id):
     import tensorflow as tf
 
     from kerasformer.generate import Generator, _loop_body
 
     generator = Generator(model)
-    checks = [tf.debugging.assert_greater_equal(max_new_tokens, 1, message="`max_new_tokens` must be at least 1.")]
-    encoder_token_ids, max_new_tokens = _after(checks, encoder_token_ids, max_new_tokens)
     batch = tf.shape(encoder_token_ids)[0]
     total = 1 + max_new_tokens
     buffer = tf.concat([tf.fill([batch, 1], start_token_id), tf.zeros([batch, max_new_tokens], tf.int32)], axis=1)
     prompt_mask = tf.broadcast_to(tf.range(total)[None, :] < 1, [batch, total])
     limits = tf.fill([batch], total)
-    body = _loop_body(generator._step(), _sampling(temperature, top_k), model.pad_token_id)
+    body = _loop_body(generator._step(), _sampling(temperature, top_k, top_p), model.pad_token_id)
     result = generator._loop(
         body, encoder_token_ids, buffer, prompt_mask, limits,
-        _noise(batch, total, seed), tf.constant(1), tf.constant([-1], tf.int32),
+        _noise(batch, total, seed), tf.constant(1), stop_token_ids,
     )[0]
     return result[:, 1:]
 
@@ -303,6 +339,7 @@ def _text_signatures(model, tokenizer, signatures):
     from kerasformer.models.seq2seq import EncoderDecoderModel
 
     text = tf.TensorSpec([None], tf.string, name="text")
+    text_sampling_spec = _option_specs(stop_token_ids=False)  # A seq2seq text ends at the model's end token.
 
     def tokenize(strings):
         return padded(nonempty(tokenizer(strings)))
@@ -322,11 +359,11 @@ def _text_signatures(model, tokenizer, signatures):
     out = {}
     if isinstance(model, GPT):
 
-        @tf.function(input_signature=[text, tf.TensorSpec([], tf.int32, "max_new_tokens"), tf.TensorSpec([], tf.float32, "temperature"),
-                                      tf.TensorSpec([], tf.int32, "top_k"), tf.TensorSpec([], tf.int32, "seed")])
-        def generate_text(text, max_new_tokens, temperature, top_k, seed):
+        @tf.function(input_signature=[text, *text_sampling_spec])
+        def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
             prompt = nonempty(tokenizer(text))  # (B, None) ragged
-            new = signatures["generate"](*padded(prompt), max_new_tokens, temperature, top_k, seed)["generated_ids"]
+            no_stop = tf.zeros([0], tf.int32)
+            new = signatures["generate"](*padded(prompt), max_new_tokens, temperature, top_k, top_p, seed, no_stop)["generated_ids"]
             # As `data.continuation`: decoded with the prompt's ids, so that
             # word and subword tokenizers place the joining space.
             new = before_first(new, 0)  # Text ends at a pad id, as `data.decode`.
@@ -338,11 +375,11 @@ def _text_signatures(model, tokenizer, signatures):
     elif isinstance(model, EncoderDecoderModel):
         start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
 
-        @tf.function(input_signature=[text, tf.TensorSpec([], tf.int32, "max_new_tokens"), tf.TensorSpec([], tf.float32, "temperature"),
-                                      tf.TensorSpec([], tf.int32, "top_k"), tf.TensorSpec([], tf.int32, "seed")])
-        def generate_text(text, max_new_tokens, temperature, top_k, seed):
+        @tf.function(input_signature=[text, *text_sampling_spec])
+        def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
             token_ids, mask = tokenize(text)
-            new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, seed, start)["generated_ids"]
+            # The loop ends once every row has its end token.
+            new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, [end], start)["generated_ids"]
             return {"text": tokenizer.detokenize(before_first(tf.where(tf.equal(new, end), 0, new), 0))}  # Up to end or pad.
 
         out["generate_text"] = generate_text

@@ -43,7 +43,9 @@ def filter_logits(logits, top_k=None, top_p=None):
     if top_p is not None:
         probabilities = ops.softmax(descending, axis=-1)
         mass_before = ops.cumsum(probabilities, axis=-1) - probabilities  # (B, V)
-        keep = mass_before < ops.cast(top_p, "float32")  # The first is always kept.
+        top_p = ops.cast(top_p, "float32")
+        # The first is always kept; at 1.0 every token (a cumulative sum may round past 1).
+        keep = ops.logical_or(mass_before < top_p, top_p >= 1.0)
         # The smallest kept logit is the threshold.
         kept_min = ops.min(ops.where(keep, descending, ops.max(descending)), axis=-1)
         threshold = ops.maximum(threshold, kept_min)
@@ -55,20 +57,29 @@ def sample_tokens(logits, noise, temperature=0.0, top_k=None, top_p=None, greedy
 
     Greedy (argmax) when `temperature` is 0; else samples from
     `softmax(filter(logits / temperature))` by inverting its CDF at `noise`.
-    `greedy` (a Python bool) skips the sampling code when known in advance.
+    `greedy` (a Python bool) skips the sampling code when known in advance;
+    `None` (an exported graph, where `temperature` is an input) decides per
+    call, with a conditional, so that greedy requests sort nothing.
     """
     logits = ops.cast(logits, "float32")
-    argmax = ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+    def argmax():
+        return ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+    def sampled():
+        scaled = logits / ops.maximum(temperature, 1e-6)
+        probabilities = ops.softmax(filter_logits(scaled, top_k, top_p), axis=-1)  # (B, V)
+        cdf = ops.cumsum(probabilities, axis=-1)
+        target = ops.cast(noise, "float32")[:, None] * cdf[:, -1:]
+        chosen = ops.sum(ops.cast(cdf < target, "int32"), axis=-1)
+        return ops.minimum(chosen, logits.shape[-1] - 1)
+
     if greedy:
-        return argmax
+        return argmax()
     temperature = ops.cast(temperature, "float32")
-    scaled = logits / ops.maximum(temperature, 1e-6)
-    probabilities = ops.softmax(filter_logits(scaled, top_k, top_p), axis=-1)  # (B, V)
-    cdf = ops.cumsum(probabilities, axis=-1)
-    target = ops.cast(noise, "float32")[:, None] * cdf[:, -1:]
-    sampled = ops.sum(ops.cast(cdf < target, "int32"), axis=-1)
-    sampled = ops.minimum(sampled, logits.shape[-1] - 1)
-    return ops.where(temperature > 0, sampled, argmax)
+    if greedy is None:
+        return ops.cond(temperature > 0, sampled, argmax)
+    return sampled()
 
 
 def _loop_body(step, sampling, pad_token_id):

@@ -12,6 +12,13 @@ for columns, `{"error": "..."}` with a 4xx status for a bad request. A client
 written for TF Serving works unchanged, and the same folder can be served by
 `tensorflow_model_server` in production. Requests run on a bounded thread
 pool; SIGTERM stops the server cleanly. Only TensorFlow is needed here.
+
+Unlike TF Serving, which needs every input, this server fills in what a
+request leaves out where the default is plain: the generation options from
+the export's `kerasformer.json` (greedy, 32 new tokens, no top-k / top-p, no
+stop token, seed 0), a padding mask of ones (no padding) and segment ids of
+zeros. So `{"signature_name": "generate_text", "inputs": {"text": ["ROMEO:"]}}`
+is a whole request.
 """
 
 import json
@@ -54,11 +61,14 @@ class ServedModel:
         self.signatures = dict(self.module.signatures)
         info_path = os.path.join(self.path, "kerasformer.json")
         self.vocab_size = None
+        self.defaults = {}  # Input name -> value for a request that leaves it out.
         if os.path.isfile(info_path):
             with open(info_path) as f:
-                config = json.load(f).get("config", {})
+                info = json.load(f)
+            config = info.get("config", {})
             config = config.get("backbone", {}).get("config", config) if isinstance(config.get("backbone"), dict) else config
             self.vocab_size = config.get("vocab_size")
+            self.defaults = info.get("defaults", {})
 
     # Metadata ---------------------------------------------------------------
 
@@ -103,16 +113,26 @@ class ServedModel:
             raise RequestError('The request needs exactly one of "instances" (row format) or "inputs" (columnar format).')
         columns = self._columns_from_instances(request["instances"], specs) if rows else request["inputs"]
         if not isinstance(columns, dict):
-            if len(specs) != 1:
+            only = self._required(specs)
+            if len(only) != 1:
                 raise RequestError(f"Name the inputs of {signature_name!r}: {sorted(specs)}.")
-            columns = {next(iter(specs)): columns}
+            columns = {only[0]: columns}
         unknown = set(columns) - set(specs)
         if unknown:
             raise RequestError(f"Unknown inputs {sorted(unknown)}; {signature_name!r} takes {sorted(specs)}.")
-        missing = set(specs) - set(columns)
+        missing = set(self._required(specs)) - set(columns)
+        missing |= {name for name in specs if _like(name) in missing}
         if missing:
             raise RequestError(f"Missing inputs {sorted(missing)} for {signature_name!r}.")
-        tensors = {name: self._tensor(name, columns[name], spec) for name, spec in specs.items()}
+        tensors = {name: self._tensor(name, columns[name], spec) for name, spec in specs.items() if name in columns}
+        for name, spec in specs.items():  # Left out: the plain default.
+            if name in tensors:
+                continue
+            if name in self.defaults:
+                tensors[name] = self._tensor(name, self.defaults[name], spec)
+            else:  # A padding mask of ones (no padding), segment ids of zeros, shaped as the ids.
+                fill = self.tf.ones_like if name.endswith("padding_mask") else self.tf.zeros_like
+                tensors[name] = fill(tensors[_like(name)])
         outputs = {k: v.numpy() for k, v in function(**tensors).items()}
         if rows:
             return {"predictions": _rows(outputs)}
@@ -124,17 +144,20 @@ class ServedModel:
         if not isinstance(instances, list) or not instances:
             raise RequestError('"instances" must be a non-empty list.')
         if not all(isinstance(i, dict) for i in instances):
-            if len(specs) != 1:
+            only = self._required(specs)
+            if len(only) != 1:
                 raise RequestError(f"Each instance must be an object with the inputs {sorted(specs)}.")
-            return {next(iter(specs)): instances}
+            return {only[0]: instances}
         columns = {}
         for name, spec in specs.items():
             values = [instance.get(name) for instance in instances]
+            if all(v is None for v in values):  # Left out: `predict` fills in a default or says it is missing.
+                continue
             if any(v is None for v in values):
-                raise RequestError(f"Every instance needs the input {name!r}.")
-            if spec.shape.rank == 0:  # A scalar option: all rows must agree.
+                raise RequestError(f"Every instance needs the input {name!r}, or none (its default).")
+            if _per_request(name, spec):  # An option of the whole request: all rows must agree.
                 if any(v != values[0] for v in values):
-                    raise RequestError(f"The scalar input {name!r} must be the same in every instance.")
+                    raise RequestError(f"The input {name!r} must be the same in every instance.")
                 columns[name] = values[0]
             else:
                 columns[name] = values
@@ -142,6 +165,10 @@ class ServedModel:
         if extra:
             raise RequestError(f"Unknown inputs {sorted(extra)}; this signature takes {sorted(specs)}.")
         return columns
+
+    def _required(self, specs):
+        """The inputs a request must give: those without a default."""
+        return [name for name in specs if name not in self.defaults and _like(name) is None]
 
     def _tensor(self, name, value, spec):
         tf = self.tf
@@ -163,15 +190,27 @@ class ServedModel:
             raise RequestError(f"Input {name!r} must hold {kind}.") from None
         if array.ndim != spec.shape.rank:
             raise RequestError(f"Input {name!r} must have rank {spec.shape.rank} (shape {spec.shape}), got shape {array.shape}.")
-        if array.ndim and array.size == 0:
+        if array.ndim and array.size == 0 and name != "stop_token_ids":  # No stop token is a choice.
             raise RequestError(f"Input {name!r} is empty.")
-        if name.endswith("token_ids") and self.vocab_size and (array.min() < 0 or array.max() >= self.vocab_size):
+        if name.endswith(("token_ids", "token_id")) and self.vocab_size and array.size and (array.min() < 0 or array.max() >= self.vocab_size):
             raise RequestError(f"Input {name!r} has token ids outside [0, {self.vocab_size}) (vocab_size={self.vocab_size}).")
         if name == "max_new_tokens" and not 1 <= int(array) <= 4096:
             raise RequestError("Input 'max_new_tokens' must be in [1, 4096].")
         if array.ndim == 2 and "padding_mask" in name and array.shape[1] == 0:
             raise RequestError(f"Input {name!r} is empty.")
         return tf.constant(array, dtype=dtype)
+
+
+def _like(name):
+    """The ids input whose shape a left-out mask or segment input takes."""
+    if name.endswith("padding_mask"):
+        return name.replace("padding_mask", "token_ids")
+    return "token_ids" if name == "segment_ids" else None
+
+
+def _per_request(name, spec):
+    """Whether an input is an option of the whole request (not one value per row)."""
+    return spec.shape.rank == 0 or name == "stop_token_ids"
 
 
 def _error_message(error):
@@ -183,7 +222,7 @@ def _error_message(error):
     lines = [line.strip() for line in str(error).splitlines()]
     for line in lines:
         if line.startswith("assertion failed: ["):  # "assertion failed: [text] [Condition x <= y ...] [x = ] [9] ..."
-            return line[len("assertion failed: ["):].split("]", 1)[0]
+            return line[len("assertion failed: ["):].split("] [", 1)[0].removesuffix("]")
     if lines and lines[0].startswith("Graph execution error"):
         lines = [line for line in lines if line and not line.startswith("[[")]  # "[[{{node ...}}]] [Op: ...]"
         return lines[-1]

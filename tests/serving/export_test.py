@@ -26,10 +26,11 @@ assert "kerasformer" not in sys.modules and "keras_hub" not in sys.modules
 path, request = sys.argv[1], json.loads(sys.argv[2])
 module = tf.saved_model.load(path)
 results = {"signatures": sorted(module.signatures)}
-for name, inputs in request.items():
-    function = module.signatures[name]
-    outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
-    results[name] = {k: [x.decode() if isinstance(x, bytes) else x for x in v.numpy().tolist()] for k, v in outputs.items()}
+for key, inputs in request.items():  # "NAME" or "NAME#call": several calls of one signature.
+    function = module.signatures[key.split("#")[0]]
+    specs = function.structured_input_signature[1]
+    outputs = function(**{k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()})
+    results[key] = {k: [x.decode() if isinstance(x, bytes) else x for x in v.numpy().tolist()] for k, v in outputs.items()}
 print(json.dumps(results))
 """
 
@@ -51,6 +52,9 @@ def token_ids(shape, seed=0):
     return np.random.default_rng(seed).integers(3, VOCAB, shape).astype("int32")
 
 
+GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "stop_token_ids": []}
+
+
 def test_gpt_export_matches_logits_and_greedy_generation(tmp_path):
     model = from_preset("gpt2-tiny", vocab_size=VOCAB)
     sequences = token_ids((8, 13))
@@ -58,18 +62,31 @@ def test_gpt_export_matches_logits_and_greedy_generation(tmp_path):
     path = export(model, tmp_path / "gpt")
     ids = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]], "int32")
     mask = (ids != 0).astype("int32")
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    greedy = generate(model, prompts, max_new_tokens=6)
+    stop = int(greedy[0, 2])  # The first row stops after its third token.
+    prompt = {"token_ids": ids.tolist(), "padding_mask": mask.tolist(), "max_new_tokens": 6}
     results = run_saved_model(path, {
         "serving_default": {"token_ids": ids.tolist(), "padding_mask": mask.tolist()},
-        "generate": {"token_ids": ids.tolist(), "padding_mask": mask.tolist(), "max_new_tokens": 6,
-                     "temperature": 0.0, "top_k": 0, "seed": 0},
+        "generate": {**prompt, **GREEDY},
+        "generate#stop": {**prompt, **GREEDY, "stop_token_ids": [stop]},
+        # Sampling at temperature 1 that only the argmax survives: top-k 1, and a top-p below any token's probability.
+        "generate#top_k": {**prompt, **GREEDY, "temperature": 1.0, "top_k": 1, "seed": 3},
+        "generate#top_p": {**prompt, **GREEDY, "temperature": 1.0, "top_p": 1e-6, "seed": 3},
+        "generate#sampled": {**prompt, **GREEDY, "temperature": 1.0, "seed": 3},
     })
     assert {"serving_default", "generate"} <= set(results["signatures"])
     logits = np.array(results["serving_default"]["logits"])
     expected = to_numpy(model(ids))
     np.testing.assert_allclose(logits[0], expected[0], atol=1e-4)
     np.testing.assert_allclose(logits[1, :3], expected[1, :3], atol=1e-4)
-    generated = np.array(results["generate"]["generated_ids"])
-    np.testing.assert_array_equal(generated, generate(model, [[5, 6, 7, 8, 9], [10, 11, 12]], max_new_tokens=6))
+    generated = {key: np.array(value["generated_ids"]) for key, value in results.items() if key.startswith("generate")}
+    np.testing.assert_array_equal(generated["generate"], greedy)
+    np.testing.assert_array_equal(generated["generate#stop"], generate(model, prompts, max_new_tokens=6, stop_token_ids=[stop]))
+    assert generated["generate#stop"][0, 3:].tolist() == [0, 0, 0]
+    np.testing.assert_array_equal(generated["generate#top_k"], greedy)
+    np.testing.assert_array_equal(generated["generate#top_p"], greedy)
+    assert not np.array_equal(generated["generate#sampled"], greedy)  # The same seed, unfiltered: a sample.
 
 
 def test_bert_export_matches_and_has_fill_mask_and_embed(tmp_path):
@@ -99,11 +116,31 @@ def test_t5_export_matches_logits_and_greedy_generation(tmp_path):
     results = run_saved_model(path, {
         "serving_default": {"encoder_token_ids": encoder.tolist(), "encoder_padding_mask": mask.tolist(), "decoder_token_ids": decoder.tolist()},
         "generate": {"encoder_token_ids": encoder.tolist(), "encoder_padding_mask": mask.tolist(), "max_new_tokens": 5,
-                     "temperature": 0.0, "top_k": 0, "seed": 0, "start_token_id": 1},
+                     **GREEDY, "start_token_id": 1},
     })
     expected = to_numpy(model({"encoder_token_ids": encoder, "decoder_token_ids": decoder}))
     np.testing.assert_allclose(np.array(results["serving_default"]["logits"]), expected, atol=1e-4)
     np.testing.assert_array_equal(np.array(results["generate"]["generated_ids"]), generate(model, encoder, max_new_tokens=5, start_token_id=1))
+
+
+def test_seq2seq_generate_text_stops_at_the_end_token(tmp_path):
+    # As `kerasformer generate` reads a seq2seq run: decoding starts at [START] and the text ends at [END].
+    words = "one two three four five six".split()
+    tokenizer = data.word_tokenizer(words)
+    model = from_preset("t5-tiny", vocab_size=int(tokenizer.vocabulary_size()))
+    start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
+    sources = [data.encode(tokenizer, text) for text in ["one two", "three four five", "six", "two one"] * 4]
+    inputs, labels, weights = data.seq2seq_arrays(sources, [data.encode(tokenizer, "five four")] * 16, start, end)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(inputs, labels, sample_weight=weights, epochs=30, batch_size=16, verbose=0)  # Learns "five four [END]".
+    path = export(model, tmp_path / "t5_text", tokenizer=tokenizer)
+    texts = ["one two", "six"]
+    new = generate(model, data.pad_batch([data.encode(tokenizer, t) for t in texts]), max_new_tokens=6,
+                   stop_token_ids=[end], start_token_id=start)
+    assert (new == end).any(axis=1).all(), new  # Each row ends, so the text stops at its end token.
+    expected = [data.decode(tokenizer, [int(t) for t in row if t not in (0, end)]) for row in new]
+    results = run_saved_model(path, {"generate_text": {"text": texts, "max_new_tokens": 6, **{k: v for k, v in GREEDY.items() if k != "stop_token_ids"}}})
+    assert results["generate_text"]["text"] == expected
 
 
 def test_fill_mask_text_fills_each_mask_of_a_bert_row(tmp_path):
@@ -145,7 +182,8 @@ def test_text_signature_carries_the_tokenizer(kind, tmp_path):
         tokenizer, prompt = data.word_tokenizer("the cat sat on a mat".split()), "the cat"
     model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
     path = export(model, tmp_path / "gpt_text", tokenizer=tokenizer)
-    results = run_saved_model(path, {"generate_text": {"text": [prompt], "max_new_tokens": 4, "temperature": 0.0, "top_k": 0, "seed": 0}})
+    options = {k: v for k, v in GREEDY.items() if k != "stop_token_ids"}
+    results = run_saved_model(path, {"generate_text": {"text": [prompt], "max_new_tokens": 4, **options}})
     new = [int(i) for i in generate(model, [data.encode(tokenizer, prompt)], max_new_tokens=4)[0]]
     new = new[: new.index(0)] if 0 in new else new  # Text ends at a padding id.
     if kind == "char":

@@ -14,6 +14,7 @@ import pytest
 
 from kerasformer import data
 from kerasformer.export import export
+from kerasformer.generate import generate
 from kerasformer.models import from_preset
 from tests.conftest import to_numpy
 
@@ -92,14 +93,38 @@ def test_row_and_columnar_formats_give_the_model_logits(server):
     np.testing.assert_allclose(np.array(columns["outputs"]), expected, atol=1e-4)
 
 
+GENERATION = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+
+
 def test_generate_and_text_signatures(server):
-    port, _, _ = server
+    port, model, _ = server
     status, body = call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "generate", "inputs": {
-        "token_ids": [[5, 6, 7]], "padding_mask": [[1, 1, 1]], "max_new_tokens": 4, "temperature": 0.0, "top_k": 0, "seed": 0}})
-    assert status == 200 and np.array(body["outputs"]).shape == (1, 4)
+        "token_ids": [[5, 6, 7]], "padding_mask": [[1, 1, 1]], "max_new_tokens": 4, **GENERATION, "stop_token_ids": []}})
+    assert status == 200
+    np.testing.assert_array_equal(body["outputs"], generate(model, [[5, 6, 7]], max_new_tokens=4))
     status, body = call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "generate_text", "inputs": {
-        "text": ["abc"], "max_new_tokens": 3, "temperature": 0.0, "top_k": 0, "seed": 0}})
+        "text": ["abc"], "max_new_tokens": 3, **GENERATION}})
     assert status == 200 and body["outputs"][0].startswith("abc")
+
+
+def test_left_out_options_and_masks_take_their_defaults(server):
+    # TF Serving needs every input; this server fills in greedy decoding of 32 tokens, no filter, no stop
+    # token, and a padding mask of ones, so a request names only what it means.
+    port, model, _ = server
+    predict = lambda body: call(port, "POST", "/v1/models/tiny:predict", body)  # noqa: E731
+    status, body = predict({"signature_name": "generate", "inputs": {"token_ids": [[5, 6, 7], [8, 9, 10]]}})
+    assert status == 200
+    np.testing.assert_array_equal(body["outputs"], generate(model, [[5, 6, 7], [8, 9, 10]], max_new_tokens=32))
+    full = {"text": ["abc", "ba"], "max_new_tokens": 32, **GENERATION}
+    rows = predict({"signature_name": "generate_text", "instances": ["abc", "ba"]})
+    assert rows[0] == 200 and rows[1]["predictions"] == predict({"signature_name": "generate_text", "inputs": full})[1]["outputs"]
+    status, body = predict({"instances": [[5, 6, 7]]})  # serving_default's ids, rows of one input.
+    assert status == 200
+    np.testing.assert_allclose(body["predictions"], to_numpy(model(np.array([[5, 6, 7]]))), atol=1e-4)
+    status, body = predict({"signature_name": "generate", "inputs": {"padding_mask": [[1, 1]]}})
+    assert (status, body) == (400, {"error": "Missing inputs ['padding_mask', 'token_ids'] for 'generate'."})
+    status, body = predict({"signature_name": "generate", "instances": [{"token_ids": [5], "top_k": 3}, {"token_ids": [6]}]})
+    assert (status, body) == (400, {"error": "Every instance needs the input 'top_k', or none (its default)."})
 
 
 @pytest.mark.parametrize("name,request_kwargs,expected_status", [
@@ -109,7 +134,7 @@ def test_generate_and_text_signatures(server):
     ("empty instances", dict(body={"instances": []}), 400),
     ("wrong signature", dict(body={"signature_name": "nope", **GOOD}), 400),
     ("unknown input", dict(body={"instances": [{"token_ids": [1], "padding_mask": [1], "extra": 1}]}), 400),
-    ("missing input", dict(body={"instances": [{"token_ids": [1, 2]}]}), 400),
+    ("missing input", dict(body={"instances": [{"padding_mask": [1, 1]}]}), 400),
     ("wrong rank", dict(body={"inputs": {"token_ids": [1, 2], "padding_mask": [1, 1]}}), 400),
     ("wrong dtype", dict(body={"inputs": {"token_ids": [["a", "b"]], "padding_mask": [[1, 1]]}}), 400),
     ("fractional ids", dict(body={"inputs": {"token_ids": [[1.5, 2]], "padding_mask": [[1, 1]]}}), 400),
@@ -117,7 +142,8 @@ def test_generate_and_text_signatures(server):
     ("token id out of range", dict(body={"inputs": {"token_ids": [[1, 99999]], "padding_mask": [[1, 1]]}}), 400),
     ("negative token id", dict(body={"inputs": {"token_ids": [[-1, 2]], "padding_mask": [[1, 1]]}}), 400),
     ("empty sequence", dict(body={"inputs": {"token_ids": [[]], "padding_mask": [[]]}}), 400),
-    ("too many new tokens", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "padding_mask": [[1]], "max_new_tokens": 10**6, "temperature": 0.0, "top_k": 0, "seed": 0}}), 400),
+    ("too many new tokens", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "max_new_tokens": 10**6}}), 400),
+    ("stop id out of range", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "stop_token_ids": [99999]}}), 400),
     ("too large", dict(raw=b"{}", headers={"Content-Length": str(10**9)}), 413),
 ])
 def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_kwargs, expected_status):
@@ -127,9 +153,6 @@ def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_
     assert "error" in body
     assert process.poll() is None
     assert good_request_succeeds(port)
-
-
-GENERATION = {"temperature": 0.0, "top_k": 0, "seed": 0}
 
 
 @pytest.mark.parametrize("name,request_body,message", [
@@ -143,6 +166,12 @@ GENERATION = {"temperature": 0.0, "top_k": 0, "seed": 0}
      "Each prompt needs at least one token; a row of `padding_mask` has none."),
     ("empty text", {"signature_name": "generate_text", "inputs": {"text": ["abc", ""], "max_new_tokens": 2, **GENERATION}},
      "Each `text` needs at least one token."),
+    ("negative temperature", {"signature_name": "generate_text", "inputs": {"text": ["abc"], "temperature": -0.5}},
+     "`temperature` must be >= 0."),
+    ("negative top-k", {"signature_name": "generate", "inputs": {"token_ids": [[5]], "temperature": 1.0, "top_k": -1}},
+     "`top_k` must be >= 0 (0: all tokens)."),
+    ("top-p above 1", {"signature_name": "generate", "inputs": {"token_ids": [[5]], "top_p": 1.5}},
+     "`top_p` must be above 0 and at most 1 (1: all tokens)."),
 ])
 def test_requests_the_graph_refuses_get_its_message(server, name, request_body, message):
     # Checked inside the SavedModel (so TF Serving refuses them too); the
