@@ -16,9 +16,11 @@ pool; SIGTERM stops the server cleanly. Only TensorFlow is needed here.
 Unlike TF Serving, which needs every input, this server fills in what a
 request leaves out where the default is plain: the generation options from
 the export's `kerasformer.json` (greedy, 32 new tokens, no top-k / top-p, no
-stop token, seed 0), a padding mask of ones (no padding) and segment ids of
+stop token, seed 0), a padding mask (ones, or, for rows of token ids of
+different lengths, the mask of those rows padded with 0) and segment ids of
 zeros. So `{"signature_name": "generate_text", "inputs": {"text": ["ROMEO:"]}}`
-is a whole request.
+and `{"signature_name": "generate", "instances": [[5, 6, 7], [8]]}` are whole
+requests.
 """
 
 import json
@@ -124,6 +126,9 @@ class ServedModel:
         missing |= {name for name in specs if _like(name) in missing}
         if missing:
             raise RequestError(f"Missing inputs {sorted(missing)} for {signature_name!r}.")
+        for name in specs:
+            if name.endswith("padding_mask") and name not in columns:
+                columns = _padded(columns, _like(name), name)
         tensors = {name: self._tensor(name, columns[name], spec) for name, spec in specs.items() if name in columns}
         for name, spec in specs.items():  # Left out: the plain default.
             if name in tensors:
@@ -206,6 +211,24 @@ def _like(name):
     if name.endswith("padding_mask"):
         return name.replace("padding_mask", "token_ids")
     return "token_ids" if name == "segment_ids" else None
+
+
+def _padded(columns, ids_name, mask_name):
+    """`columns` with rows of ids of different lengths padded with 0, and their padding mask.
+
+    Only for a request that leaves the mask out; rows of one length keep the
+    mask of ones. Anything but a list of lists of numbers is left for
+    `_tensor` to refuse.
+    """
+    rows = columns.get(ids_name)
+    if not (isinstance(rows, list) and rows and all(isinstance(row, list) for row in rows)):
+        return columns
+    length = max(len(row) for row in rows)
+    if all(len(row) == length for row in rows) or not all(isinstance(t, (int, float)) for row in rows for t in row):
+        return columns
+    ids = [row + [0] * (length - len(row)) for row in rows]
+    mask = [[1] * len(row) + [0] * (length - len(row)) for row in rows]
+    return {**columns, ids_name: ids, mask_name: mask}
 
 
 def _per_request(name, spec):

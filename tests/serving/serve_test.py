@@ -118,6 +118,12 @@ def test_left_out_options_and_masks_take_their_defaults(server):
     full = {"text": ["abc", "ba"], "max_new_tokens": 32, **GENERATION}
     rows = predict({"signature_name": "generate_text", "instances": ["abc", "ba"]})
     assert rows[0] == 200 and rows[1]["predictions"] == predict({"signature_name": "generate_text", "inputs": full})[1]["outputs"]
+    # Prompts of different lengths without a mask: padded, and masked as padding.
+    status, body = predict({"signature_name": "generate", "instances": [{"token_ids": [5, 6, 7]}, {"token_ids": [8]}]})
+    assert status == 200
+    np.testing.assert_array_equal(body["predictions"], generate(model, [[5, 6, 7], [8]], max_new_tokens=32))
+    status, body = predict({"signature_name": "generate", "inputs": {"token_ids": [[5, 6, 7], [8, "x"]]}})
+    assert (status, body) == (400, {"error": "Input 'token_ids' must hold numbers of dtype int32 (rows of equal length)."})
     status, body = predict({"instances": [[5, 6, 7]]})  # serving_default's ids, rows of one input.
     assert status == 200
     np.testing.assert_allclose(body["predictions"], to_numpy(model(np.array([[5, 6, 7]]))), atol=1e-4)
@@ -139,6 +145,7 @@ def test_left_out_options_and_masks_take_their_defaults(server):
     ("wrong dtype", dict(body={"inputs": {"token_ids": [["a", "b"]], "padding_mask": [[1, 1]]}}), 400),
     ("fractional ids", dict(body={"inputs": {"token_ids": [[1.5, 2]], "padding_mask": [[1, 1]]}}), 400),
     ("ragged rows", dict(body={"inputs": {"token_ids": [[1, 2], [3]], "padding_mask": [[1, 1], [1]]}}), 400),
+    ("ragged rows of a given mask", dict(body={"inputs": {"token_ids": [[1, 2], [3]], "padding_mask": [[1, 1], [1, 0]]}}), 400),
     ("token id out of range", dict(body={"inputs": {"token_ids": [[1, 99999]], "padding_mask": [[1, 1]]}}), 400),
     ("negative token id", dict(body={"inputs": {"token_ids": [[-1, 2]], "padding_mask": [[1, 1]]}}), 400),
     ("empty sequence", dict(body={"inputs": {"token_ids": [[]], "padding_mask": [[]]}}), 400),
