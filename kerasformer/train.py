@@ -235,6 +235,34 @@ def build_task(config):
 # The run --------------------------------------------------------------------
 
 
+def save_atomically(save, path):
+    """`save(path)` through a temporary file beside `path`, renamed into place when complete.
+
+    Keras writes a `.keras` file in place, so a run killed while saving left
+    a truncated zip that `kerasformer generate` and `export` could not read;
+    now `path` holds the previous complete file until the new one is.
+    """
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{os.getpid()}-{name}")  # The same suffix: Keras picks the format by it.
+    try:
+        save(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+class _Checkpoint(keras.callbacks.Callback):
+    """Saves the model (and its optimizer state) to `path` after every epoch, atomically."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def on_epoch_end(self, epoch, logs=None):
+        save_atomically(self.model.save, self.path)
+
+
 class _LossPlot(keras.callbacks.Callback):
     """Redraws `loss.png` from the CSV log after every epoch."""
 
@@ -327,8 +355,10 @@ def train(config):
     callbacks = [
         keras.callbacks.CSVLogger(csv_path, append=True),
         _LossPlot(csv_path, os.path.join(config.run_dir, "loss.png"), config.checkpoint_every),
-        keras.callbacks.ModelCheckpoint(os.path.join(config.run_dir, "checkpoint.keras")),
-        keras.callbacks.BackupAndRestore(os.path.join(config.run_dir, "backup"), delete_checkpoint=False),
+        _Checkpoint(os.path.join(config.run_dir, "checkpoint.keras")),
+        # `double_checkpoint`: a run killed while its backup was being written
+        # resumes from the backup before (Keras falls back to it).
+        keras.callbacks.BackupAndRestore(os.path.join(config.run_dir, "backup"), delete_checkpoint=False, double_checkpoint=True),
     ]
     # One epoch is `checkpoint_every` steps: a checkpoint, a backup, a validation.
     model.fit(
@@ -338,7 +368,7 @@ def train(config):
         callbacks=callbacks,
         verbose=1 if sys.stdout.isatty() else 2,  # A progress bar for people, lines for logs.
     )
-    model.save(os.path.join(config.run_dir, "model.keras"))
+    save_atomically(model.save, os.path.join(config.run_dir, "model.keras"))
     results = evaluate(model)
     with open(os.path.join(config.run_dir, "run.json"), "w") as f:
         json.dump({"config": asdict(config), "evaluation": results}, f, indent=2)

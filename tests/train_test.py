@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kerasformer.cli import generate_text
-from kerasformer.train import TrainConfig, build_task, load_run, make_optimizer, resolve_jit_compile, train
+from kerasformer.train import TrainConfig, build_task, load_run, make_optimizer, resolve_jit_compile, save_atomically, train
 from kerasformer.models import from_preset
 
 TINY = ["--steps", "40", "--checkpoint-every", "10", "--batch-size", "8", "--sequence-length", "32",
@@ -132,6 +132,41 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path):
     model, _, info = load_run(str(run_dir))
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 40  # Steps were restored, not redone.
     assert info["evaluation"]["val_loss"] > 0
+
+
+def test_a_run_killed_while_writing_its_backup_resumes_from_the_one_before(tmp_path):
+    run_dir = tmp_path / "run"
+    settings = ["--run-dir", str(run_dir), *TINY[:1], "20", *TINY[2:]]  # Two epochs of 10 steps.
+    command, env = cli("train", "gpt", *settings)
+    assert subprocess.run(command, env=env, capture_output=True).returncode == 0
+    backup = run_dir / "backup"
+    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 2  # Epochs done.
+    weights = backup / "latest.weights.h5"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # As a kill mid-write leaves it.
+    (run_dir / "model.keras").unlink()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Epoch 2/2" in result.stdout and "Epoch 1/2" not in result.stdout  # The backup of epoch 1, not a fresh start.
+    model, _, _ = load_run(str(run_dir))
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 20
+
+
+def test_saves_replace_a_file_only_once_complete(tmp_path):
+    path = tmp_path / "checkpoint.keras"
+    path.write_bytes(b"the previous checkpoint")
+
+    def killed_midway(target):
+        with open(target, "wb") as f:
+            f.write(b"half of a zip")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        save_atomically(killed_midway, str(path))
+    assert path.read_bytes() == b"the previous checkpoint" and os.listdir(tmp_path) == ["checkpoint.keras"]
+    model = from_preset("gpt2-tiny", vocab_size=32)
+    save_atomically(model.save, str(path))
+    assert keras.saving.load_model(str(path)).count_params() == model.count_params()
+    assert os.listdir(tmp_path) == ["checkpoint.keras"]
 
 
 @pytest.mark.parametrize("task,metric", [("bert", "masked_token_accuracy"), ("t5", "exact_match"), ("transformer", "exact_match")])
