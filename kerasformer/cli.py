@@ -46,7 +46,7 @@ def model_argument(text):
 
 def _generate_parser(subparsers):
     parser = subparsers.add_parser("generate", help="generate text with a trained run")
-    parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`")
+    parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`, or a .keras file in it (e.g. its checkpoint.keras)")
     parser.add_argument(
         "--prompt", required=True, action="append",
         help="text to continue (GPT) or to transform (T5, Transformer); repeat it for a batch, printed in order",
@@ -65,7 +65,7 @@ def _generate_parser(subparsers):
 
 def _export_parser(subparsers):
     parser = subparsers.add_parser("export", help="write a TensorFlow SavedModel of a trained run")
-    parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`")
+    parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`, or a .keras file in it (e.g. its checkpoint.keras)")
     parser.add_argument("target", help="the SavedModel's folder, e.g. saved_models/NAME")
 
 

@@ -377,15 +377,24 @@ def train(config):
 
 
 def load_run(run_dir):
-    """`(model, tokenizer, run_info)` of a finished (or checkpointed) run."""
+    """`(model, tokenizer, run_info)` of a finished (or checkpointed) run.
+
+    `run_dir` is the run's folder (its `model.keras`, else its latest
+    `checkpoint.keras`), or one `.keras` file in it.
+    """
     import kerasformer.models  # noqa: F401 - registers the model classes.
 
-    for name in ("model.keras", "checkpoint.keras"):
-        path = os.path.join(run_dir, name)
-        if os.path.isfile(path):
-            break
+    if run_dir.endswith(".keras") and os.path.isfile(run_dir):
+        path, run_dir = run_dir, os.path.dirname(run_dir) or "."
     else:
-        raise ValueError(f"{run_dir!r} holds no model.keras or checkpoint.keras.")
+        for name in ("model.keras", "checkpoint.keras"):
+            path = os.path.join(run_dir, name)
+            if os.path.isfile(path):
+                break
+        else:
+            raise ValueError(f"{run_dir!r} holds no model.keras or checkpoint.keras; give the --run-dir of `kerasformer train`.")
+    if not os.path.isdir(os.path.join(run_dir, "tokenizer")):
+        raise ValueError(f"{run_dir!r} has no tokenizer/ folder; give the --run-dir of `kerasformer train` (or a .keras file in it).")
     model = keras.saving.load_model(path)
     tokenizer = data.load_tokenizer(os.path.join(run_dir, "tokenizer"))
     info = {}

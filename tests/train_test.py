@@ -57,6 +57,14 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
     text = generate_text(str(run_dir), "the cat", max_new_tokens=10)
     assert text.startswith("the cat") and len(text) > len("the cat")
+    # A .keras file of the run works too: its last checkpoint holds the final weights.
+    assert generate_text(str(run_dir / "checkpoint.keras"), "the cat", max_new_tokens=10) == text
+    with pytest.raises(ValueError, match="holds no model.keras or checkpoint.keras"):
+        load_run(str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "model.keras").write_bytes((run_dir / "model.keras").read_bytes())
+    with pytest.raises(ValueError, match="has no tokenizer/ folder"):
+        load_run(str(tmp_path / "elsewhere" / "model.keras"))
     beams = generate_text(str(run_dir), "the cat", max_new_tokens=10, num_beams=3)
     assert beams.startswith("the cat") and len(beams) > len("the cat")
     with pytest.raises(ValueError, match="`prompt` '' has no tokens"):
