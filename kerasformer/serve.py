@@ -33,6 +33,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# List inputs that are one option of the whole request, not a value per row; empty is a choice (no stop token).
+REQUEST_LISTS = ("stop_token_ids",)
 _DTYPE_NAMES = {"int32": "DT_INT32", "int64": "DT_INT64", "float32": "DT_FLOAT", "string": "DT_STRING", "bool": "DT_BOOL"}
 
 
@@ -195,7 +197,7 @@ class ServedModel:
             raise RequestError(f"Input {name!r} must hold {kind}.") from None
         if array.ndim != spec.shape.rank:
             raise RequestError(f"Input {name!r} must have rank {spec.shape.rank} (shape {spec.shape}), got shape {array.shape}.")
-        if array.ndim and array.size == 0 and name != "stop_token_ids":  # No stop token is a choice.
+        if array.ndim and array.size == 0 and name not in REQUEST_LISTS:
             raise RequestError(f"Input {name!r} is empty.")
         if name.endswith(("token_ids", "token_id")) and self.vocab_size and array.size and (array.min() < 0 or array.max() >= self.vocab_size):
             raise RequestError(f"Input {name!r} has token ids outside [0, {self.vocab_size}) (vocab_size={self.vocab_size}).")
@@ -233,7 +235,7 @@ def _padded(columns, ids_name, mask_name):
 
 def _per_request(name, spec):
     """Whether an input is an option of the whole request (not one value per row)."""
-    return spec.shape.rank == 0 or name == "stop_token_ids"
+    return spec.shape.rank == 0 or name in REQUEST_LISTS
 
 
 def _error_message(error):
