@@ -91,7 +91,7 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     model, tokenizer, _ = load_run(run_dir)
-    ids = [data.encode(tokenizer, text) for text in prompts]
+    ids = [data.encode(tokenizer, text, what="`prompt`") for text in prompts]
     for text, row in zip(prompts, ids):
         if len(row) == 0:
             raise ValueError(f"`prompt` {text!r} has no tokens; give it some text.")

@@ -85,9 +85,35 @@ def word_tokenizer(words):
     return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=False, dtype="int32")
 
 
-def encode(tokenizer, texts):
-    """Token ids of each text, as a list of int32 numpy arrays."""
+def codepoint_limit(tokenizer):
+    """The first code point a "char" tokenizer cannot represent; None for other tokenizers.
+
+    KerasHub's `UnicodeCodepointTokenizer` clamps larger code points to its
+    last id, so an unseen character would silently read as another one
+    ("café" as "cafz" after training on ASCII text).
+    """
+    import keras_hub
+
+    if isinstance(tokenizer, keras_hub.tokenizers.UnicodeCodepointTokenizer):
+        return tokenizer.vocabulary_size()
+    return None
+
+
+def encode(tokenizer, texts, what="text"):
+    """Token ids of each text, as a list of int32 numpy arrays.
+
+    A character a "char" tokenizer cannot represent (see `codepoint_limit`)
+    is refused with a ValueError naming `what` and the characters.
+    """
     single = isinstance(texts, str)
+    limit = codepoint_limit(tokenizer)
+    for text in [texts] if single else texts:
+        unknown = sorted({c for c in text if ord(c) >= limit}) if limit and text and ord(max(text)) >= limit else []
+        if unknown:
+            raise ValueError(
+                f"{what} {text!r} has characters outside the char tokenizer's vocabulary (code points below {limit}, "
+                f"from its training text): {', '.join(repr(c) for c in unknown)}."
+            )
     ids = tokenizer(texts if single else list(texts))
     if single:
         return np.asarray(keras.ops.convert_to_numpy(ids), "int32")

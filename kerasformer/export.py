@@ -341,8 +341,21 @@ def _text_signatures(model, tokenizer, signatures):
     text = tf.TensorSpec([None], tf.string, name="text")
     text_sampling_spec = _option_specs(stop_token_ids=False)  # A seq2seq text ends at the model's end token.
 
+    limit = data.codepoint_limit(tokenizer)
+
+    def tokens(strings):  # (B, None) ragged ids; as `data.encode`, a char tokenizer's unknown characters are refused.
+        ids = tokenizer(strings)
+        if limit is None:
+            return ids
+        points = tf.strings.unicode_decode(strings, "UTF-8").flat_values  # Invalid UTF-8 reads as U+FFFD.
+        check = tf.debugging.assert_less(
+            points, tf.constant(limit, points.dtype),
+            message=f"Each `text` must use only characters in the vocabulary of the char tokenizer (code points below {limit}).",
+        )
+        return ids.with_flat_values(_after([check], ids.flat_values)[0])
+
     def tokenize(strings):
-        return padded(nonempty(tokenizer(strings)))
+        return padded(nonempty(tokens(strings)))
 
     def nonempty(ragged):  # Every text has a token: an empty prompt or source has nothing to condition on.
         check = tf.debugging.assert_greater_equal(ragged.row_lengths(), tf.constant(1, tf.int64), message="Each `text` needs at least one token.")
@@ -361,7 +374,7 @@ def _text_signatures(model, tokenizer, signatures):
 
         @tf.function(input_signature=[text, *text_sampling_spec])
         def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
-            prompt = nonempty(tokenizer(text))  # (B, None) ragged
+            prompt = nonempty(tokens(text))  # (B, None) ragged
             no_stop = tf.zeros([0], tf.int32)
             new = signatures["generate"](*padded(prompt), max_new_tokens, temperature, top_k, top_p, seed, no_stop)["generated_ids"]
             # As `data.continuation`: decoded with the prompt's ids, so that
@@ -388,7 +401,7 @@ def _text_signatures(model, tokenizer, signatures):
 
         def bert_rows(text):  # "[CLS] text [SEP]", each "[MASK]" in the text the mask id, as `kerasformer train bert` writes rows.
             pieces = tf.strings.split(text, sep=data.MASK)  # (B, pieces) ragged
-            piece_ids = tf.cast(tokenizer(pieces.flat_values), tf.int32).with_row_splits_dtype(tf.int64)  # (N, None) ragged
+            piece_ids = tf.cast(tokens(pieces.flat_values), tf.int32).with_row_splits_dtype(tf.int64)  # (N, None) ragged
             row_ends = tf.gather(pieces.row_limits(), pieces.value_rowids())  # (N,) where each piece's text ends
             followed = tf.cast(tf.range(tf.size(pieces.flat_values, out_type=tf.int64)) < row_ends - 1, tf.int32)  # (N,)
             masks = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(followed)], mask_id), tf.cast(followed, tf.int64))

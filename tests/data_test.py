@@ -46,6 +46,17 @@ def test_tokenizers_round_trip_and_save(kind, tmp_path):
         data.train_tokenizer("unigram-ish", texts)
 
 
+def test_char_tokenizer_refuses_characters_past_its_vocabulary():
+    # KerasHub's tokenizer would clamp them to its last id: "café" as "cafj".
+    tokenizer = data.train_tokenizer("char", ["abcdefghij"])
+    np.testing.assert_array_equal(data.encode(tokenizer, "jab"), [ord("j"), ord("a"), ord("b")])
+    with pytest.raises(ValueError, match=r"`prompt` 'café \{x\}' has characters outside .* below 107.*: 'x', '\{', '\}', 'é'"):
+        data.encode(tokenizer, "café {x}", what="`prompt`")
+    with pytest.raises(ValueError, match="text 'k' has characters"):
+        data.encode(tokenizer, ["abc", "k"])
+    assert data.codepoint_limit(data.train_tokenizer("byte", ["abc"])) is None
+
+
 def test_bpe_vocabulary_is_trained_byte_pair_merges():
     sentencepiece_model = pytest.importorskip("sentencepiece.sentencepiece_model_pb2")
     texts = ["lower lowest newer newest wider widest"] * 50 + ["low new wide"] * 50

@@ -173,6 +173,8 @@ def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_
      "Each prompt needs at least one token; a row of `padding_mask` has none."),
     ("empty text", {"signature_name": "generate_text", "inputs": {"text": ["abc", ""], "max_new_tokens": 2, **GENERATION}},
      "Each `text` needs at least one token."),
+    ("a character the char tokenizer cannot represent", {"signature_name": "generate_text", "inputs": {"text": ["abc", "café"]}},
+     "Each `text` must use only characters in the vocabulary of the char tokenizer (code points below 107)."),
     ("negative temperature", {"signature_name": "generate_text", "inputs": {"text": ["abc"], "temperature": -0.5}},
      "`temperature` must be >= 0."),
     ("negative top-k", {"signature_name": "generate", "inputs": {"token_ids": [[5]], "temperature": 1.0, "top_k": -1}},
