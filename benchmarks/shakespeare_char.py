@@ -89,7 +89,7 @@ def peer_model(architecture, vocabulary_size):
         config = transformers.LlamaConfig(
             **sizes, hidden_size=MODEL["hidden_dim"], num_hidden_layers=MODEL["num_layers"],
             num_attention_heads=MODEL["num_heads"], intermediate_size=ARCHITECTURES["llama"]["intermediate_dim"],
-            max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=True,
+            max_position_embeddings=SETTINGS["sequence_length"], rms_norm_eps=1e-5, tie_word_embeddings=True,
             attention_bias=False, mlp_bias=False,
         )
         model = transformers.LlamaForCausalLM(config)  # N(0, 0.02) init, no biases.
@@ -101,7 +101,7 @@ def peer_model(architecture, vocabulary_size):
                 linear.weight.data.normal_(0.0, std)
         return model
     config = transformers.GPT2Config(
-        **sizes, n_positions=128, n_embd=MODEL["hidden_dim"], n_layer=MODEL["num_layers"],
+        **sizes, n_positions=SETTINGS["sequence_length"], n_embd=MODEL["hidden_dim"], n_layer=MODEL["num_layers"],
         n_head=MODEL["num_heads"], activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         layer_norm_epsilon=1e-5,
     )

@@ -382,47 +382,103 @@ class Generator:
             "top_p": np.float32(top_p) if use_top_p else None,
         }
         stop = np.asarray(list(stop_token_ids) or [-1], "int32")
+        function = self._function((greedy, use_top_k, use_top_p), sampling, num_beams)
         model = self.model
 
         if self.kind == "decoder":
             prompts = _as_rows(inputs, "inputs")
-            lengths = np.array([len(p) for p in prompts], "int32")
-            if lengths.min() < 1:
+            if min(len(p) for p in prompts) < 1:
                 raise ValueError("Each prompt in `inputs` needs at least one token.")
-            total = int(lengths.max()) + max_new_tokens
-            if model.position_type == "learned" and total > model.max_sequence_length:
-                raise ValueError(
-                    f"Prompt ({lengths.max()}) + `max_new_tokens` ({max_new_tokens}) = {total} "
-                    f"exceeds the learned positions (max_sequence_length={model.max_sequence_length})."
-                )
-            token_ids = np.zeros((len(prompts), total), "int32")
-            for row, prompt in enumerate(prompts):
-                token_ids[row, : len(prompt)] = prompt
-            check_token_ids(token_ids, model.vocab_size, "inputs")
-            start = np.int32(lengths.min())
-            encoder_ids = np.zeros((len(prompts), 1), "int32")  # Unused.
-        else:
-            encoder_ids = np.asarray(inputs)
-            if encoder_ids.ndim != 2:
-                raise ValueError(f"`inputs` must be encoder token ids (B, S), got shape {encoder_ids.shape}.")
-            check_token_ids(encoder_ids, model.source_embedding.vocab_size, "inputs")
-            encoder_ids = encoder_ids.astype("int32")
-            lengths = np.ones((encoder_ids.shape[0],), "int32")
-            total = 1 + max_new_tokens
-            token_ids = np.zeros((encoder_ids.shape[0], total), "int32")
-            token_ids[:, 0] = model.pad_token_id if start_token_id is None else start_token_id
-            start = np.int32(1)
+            total = max(len(p) for p in prompts) + max_new_tokens
+            table = model.max_sequence_length  # Its context; learned positions end there.
+            if total > table:
+                if num_beams > 1:
+                    raise ValueError(
+                        f"Beam search must fit the context: prompt ({total - max_new_tokens}) + "
+                        f"`max_new_tokens` ({max_new_tokens}) = {total} > max_sequence_length={table}."
+                    )
+                return self._slide(function, prompts, max_new_tokens, table, seed, stop)
+            return self._decode(function, prompts, max_new_tokens, total, seed, stop, num_beams, length_penalty)
+        encoder_ids = np.asarray(inputs)
+        if encoder_ids.ndim != 2:
+            raise ValueError(f"`inputs` must be encoder token ids (B, S), got shape {encoder_ids.shape}.")
+        check_token_ids(encoder_ids, model.source_embedding.vocab_size, "inputs")
+        encoder_ids = encoder_ids.astype("int32")
+        lengths = np.ones((encoder_ids.shape[0],), "int32")
+        token_ids = np.zeros((encoder_ids.shape[0], 1 + max_new_tokens), "int32")
+        token_ids[:, 0] = model.pad_token_id if start_token_id is None else start_token_id
+        return self._run(function, encoder_ids, token_ids, lengths, max_new_tokens, seed, stop, num_beams, length_penalty)
 
+    def _decode(self, function, prompts, max_new_tokens, total, seed, stop, num_beams=1, length_penalty=1.0):
+        """GPT: `max_new_tokens` (an int, or one per row) after each prompt, in a `(B, total)` buffer.
+
+        A fixed `total` compiles one loop for every call.
+        """
+        token_ids = np.zeros((len(prompts), total), "int32")
+        for row, prompt in enumerate(prompts):
+            token_ids[row, : len(prompt)] = prompt
+        check_token_ids(token_ids, self.model.vocab_size, "inputs")
+        lengths = np.array([len(p) for p in prompts], "int32")
+        encoder_ids = np.zeros((len(prompts), 1), "int32")  # Unused.
+        return self._run(function, encoder_ids, token_ids, lengths, max_new_tokens, seed, stop, num_beams, length_penalty)
+
+    def _run(self, function, encoder_ids, token_ids, lengths, max_new_tokens, seed, stop, num_beams, length_penalty):
+        """The compiled loop over `token_ids` whose rows hold `lengths` given tokens.
+
+        Returns the new tokens `(B, N)`, N the largest of `max_new_tokens`
+        (an int, or one per row); a row's tokens past its own count are pads.
+        """
+        total = token_ids.shape[1]
+        counts = np.broadcast_to(np.asarray(max_new_tokens, "int32"), lengths.shape)
         prompt_mask = np.arange(total)[None, :] < lengths[:, None]
-        limits = (lengths + max_new_tokens).astype("int32")
         noise = np.random.default_rng(seed).random((len(lengths), total), dtype=np.float32)
-        function = self._function((greedy, use_top_k, use_top_p), sampling, num_beams)
-        result, scores = function(encoder_ids, token_ids, prompt_mask, limits, noise, start, stop)
+        result, scores = function(
+            encoder_ids, token_ids, prompt_mask, (lengths + counts).astype("int32"), noise, np.int32(lengths.min()), stop
+        )
         result = keras.ops.convert_to_numpy(result)
-        new = np.stack([result[row, n : n + max_new_tokens] for row, n in enumerate(np.repeat(lengths, num_beams))])
+        new = np.zeros((len(result), int(counts.max())), "int32")
+        for row, (n, count) in enumerate(zip(np.repeat(lengths, num_beams), np.repeat(counts, num_beams))):
+            new[row, :count] = result[row, n : n + count]
         if num_beams == 1:
             return new
         return _best_beams(new, keras.ops.convert_to_numpy(scores), stop, length_penalty)
+
+    def _slide(self, function, prompts, max_new_tokens, window, seed, stop):
+        """GPT past its context (`max_sequence_length`): generation in windows, as nanoGPT crops its context.
+
+        Learned positions cannot go further; rotary ones were not trained further.
+
+        A row's first window holds its prompt's last `window - 1` tokens and
+        is filled up with new ones; each later window starts afresh from the
+        text's last `window // 2` tokens, so every new token sees between half
+        a table and a whole table of context, and a window's tokens come from
+        the KV cache. Rows keep their own windows (a text is the same as if
+        generated alone); every window has the table's shape, so one
+        compiled loop serves all. A row that stops is padded from there on.
+        """
+        if window < 2:
+            raise ValueError(f"A GPT with max_sequence_length={window} has no room for a prompt and a new token.")
+        keep = window // 2
+        texts = [[int(t) for t in prompt] for prompt in prompts]
+        new = np.zeros((len(texts), max_new_tokens), "int32")
+        produced, done = np.zeros(len(texts), "int32"), np.zeros(len(texts), bool)
+        for part_number in range(max_new_tokens):  # Ends far sooner: every window adds at least one token.
+            active = ~done & (produced < max_new_tokens)
+            if not active.any():
+                break
+            contexts = [text[-(window - 1 if n == 0 else keep):] for text, n in zip(texts, produced)]
+            counts = np.where(active, np.minimum(max_new_tokens - produced, window - np.array([len(c) for c in contexts])), 0)
+            part_seed = None if seed is None else [seed, part_number]  # Each window its own draws.
+            part = self._decode(function, contexts, counts, window, part_seed, stop)  # (B, max(counts))
+            for row in np.flatnonzero(active):
+                tokens = part[row, : counts[row]]
+                stops = np.flatnonzero(np.isin(tokens, stop))
+                if len(stops):
+                    tokens, done[row] = tokens[: stops[0] + 1], True
+                new[row, produced[row] : produced[row] + len(tokens)] = tokens
+                texts[row] += tokens.tolist()
+                produced[row] += counts[row]
+        return new
 
 
 def _best_beams(new, scores, stop, length_penalty):
@@ -457,7 +513,12 @@ def generate(model, inputs, max_new_tokens=32, **options):
         model: a `GPT`, `T5` or `Transformer`.
         inputs: for GPT, prompts: a `(B, T)` array or a list of token id lists
             of different lengths; for T5/Transformer, encoder token ids `(B, S)`.
-        max_new_tokens: tokens to generate per example.
+        max_new_tokens: tokens to generate per example. A GPT generates past
+            its context (`max_sequence_length`) in windows, as nanoGPT crops
+            its context: a longer prompt counts by its last
+            `max_sequence_length - 1` tokens, and once a window is full the
+            next starts from the text's last half context (beam search
+            must fit the context).
         temperature: 0 (default) for greedy decoding; > 0 to sample.
         top_k: sample among the k most likely tokens (0 or None: all).
         top_p: sample from the smallest set with this probability mass.

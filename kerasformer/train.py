@@ -51,7 +51,7 @@ class TrainConfig:
     run_dir: str = _setting("runs/latest", "folder of the run: checkpoints, backup, log, plot; a killed run resumes from it")
     steps: int = _setting(500, "training steps in all; a multiple of --checkpoint-every")
     batch_size: int = _setting(16, "sequences per step")
-    sequence_length: int = _setting(64, "context of LM windows; longest BERT / seq2seq example")
+    sequence_length: int = _setting(64, "context of LM windows (a GPT's max_sequence_length); longest BERT / seq2seq example")
     learning_rate: float = _setting(1e-3, "peak learning rate, reached after the warm-up")
     min_learning_rate: float = _setting(1e-4, "the cosine decays to this")
     warmup_steps: int = _setting(100, "linear warm-up from 0")
@@ -109,7 +109,9 @@ def _gpt_task(config, build):
     stream = data.encode(tokenizer, text)
     train_stream, validation_stream = data.split(stream)
     vocab_size = int(tokenizer.vocabulary_size())
-    model = build(vocab_size=vocab_size, max_sequence_length=max(config.sequence_length, 128))
+    # The context it trains on, as nanoGPT's block_size: a larger learned table
+    # would hold untrained positions, which generation past the context would read.
+    model = build(vocab_size=vocab_size, max_sequence_length=config.sequence_length)
     train = data.LanguageModelBatches(train_stream, config.sequence_length, config.batch_size, config.checkpoint_every, seed=config.seed)
     validation = data.LanguageModelBatches(validation_stream, config.sequence_length, config.batch_size, config.validation_steps, seed=config.seed + 1)
 

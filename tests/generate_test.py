@@ -65,6 +65,50 @@ def test_gpt_cached_greedy_equals_full_passes_for_ragged_prompts(options):
         assert list(row) == greedy_by_full_passes(model, prompt, 7)
 
 
+def greedy_in_windows_by_full_passes(model, prompt, steps, window):
+    """nanoGPT's cropped context, one window at a time, by full forward passes.
+
+    The first window is the prompt's last `window - 1` tokens; every later
+    window starts from the text's last `window // 2` tokens; each is filled
+    up to the table.
+    """
+    text, new = list(prompt), []
+    context = text[-(window - 1):]
+    while len(new) < steps:
+        for _ in range(min(window - len(context), steps - len(new))):
+            logits = to_numpy(model(np.array([context], "int32")))
+            token = int(logits[0, -1].argmax())
+            new, text, context = new + [token], text + [token], context + [token]
+        context = text[-(window // 2):]
+    return new
+
+
+@pytest.mark.parametrize("position_type", ["learned", "rotary"])
+def test_gpt_generates_past_its_context_in_windows(position_type):
+    model = GPT(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, max_sequence_length=12, position_type=position_type)
+    # The last prompt is longer than the context: its last 11 tokens count.
+    prompts = [[5, 6, 7], [8, 9], list(range(1, 16))]
+    out = generate(model, prompts, max_new_tokens=20)
+    assert out.shape == (3, 20)
+    for prompt, row in zip(prompts, out):
+        assert list(row) == greedy_in_windows_by_full_passes(model, prompt, 20, window=12)
+    # A stop token ends its row in any window; the other rows go on.
+    stop = int(out[0, 14])
+    stopped = generate(model, prompts, max_new_tokens=20, stop_token_ids=[stop])
+    first = list(out[0]).index(stop)
+    np.testing.assert_array_equal(stopped[0, : first + 1], out[0, : first + 1])
+    assert np.all(stopped[0, first + 1 :] == 0)
+    for row in (1, 2):
+        if stop not in out[row]:
+            np.testing.assert_array_equal(stopped[row], out[row])
+    # Seeded sampling repeats, and every window samples afresh.
+    a, b = (generate(model, [[5, 6, 7]], max_new_tokens=30, temperature=1.0, seed=4) for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, generate(model, [[5, 6, 7]], max_new_tokens=30, temperature=1.0, seed=5))
+    if BACKEND != "torch":  # Every window has the table's shape: one trace per batch size and option set.
+        assert model._kerasformer_generator.trace_count == 2  # (3, 12) greedy, (1, 12) sampled
+
+
 @pytest.mark.parametrize("tie_embeddings", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("builder", [T5, Transformer])
 def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
@@ -147,8 +191,8 @@ def test_bad_arguments_are_named():
         generate(model, [[1, 2]], max_new_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         generate(model, [[1, 2]], temperature=-1.0)
-    with pytest.raises(ValueError, match="max_sequence_length=64"):
-        generate(model, [[1, 2]], max_new_tokens=63)
+    with pytest.raises(ValueError, match="Beam search must fit .* max_sequence_length=64"):
+        generate(model, [[1, 2]], max_new_tokens=63, num_beams=2)
     with pytest.raises(ValueError, match="vocab_size=50"):
         generate(model, [[1, 50]])
     with pytest.raises(ValueError, match="inputs"):
