@@ -51,7 +51,10 @@ def _generate_parser(subparsers):
         "--prompt", required=True, action="append",
         help="text to continue (GPT) or to transform (T5, Transformer); repeat it for a batch, printed in order",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (default: %(default)s)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=100,
+        help="tokens to generate; a GPT goes past its context in windows, as nanoGPT crops it (default: %(default)s)",
+    )
     parser.add_argument(
         "--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature (default: %(default)s)"
     )
