@@ -106,15 +106,16 @@ def encode(tokenizer, texts, what="text"):
     is refused with a ValueError naming `what` and the characters.
     """
     single = isinstance(texts, str)
+    texts = [texts] if single else list(texts)  # Read twice: checked, then tokenized.
     limit = codepoint_limit(tokenizer)
-    for text in [texts] if single else texts:
-        unknown = sorted({c for c in text if ord(c) >= limit}) if limit and text and ord(max(text)) >= limit else []
-        if unknown:
+    for text in texts if limit is not None else []:
+        if text and ord(max(text)) >= limit:
+            unknown = sorted({c for c in text if ord(c) >= limit})
             raise ValueError(
                 f"{what} {text!r} has characters outside the char tokenizer's vocabulary (code points below {limit}, "
                 f"from its training text): {', '.join(repr(c) for c in unknown)}."
             )
-    ids = tokenizer(texts if single else list(texts))
+    ids = tokenizer(texts[0] if single else texts)
     if single:
         return np.asarray(keras.ops.convert_to_numpy(ids), "int32")
     if hasattr(ids, "to_list"):  # A tf.RaggedTensor.

@@ -451,9 +451,9 @@ class Generator:
         A row's first window holds its prompt's last `window - 1` tokens and
         is filled up with new ones; each later window starts afresh from the
         text's last `window // 2` tokens, so every new token sees between half
-        a table and a whole table of context, and a window's tokens come from
-        the KV cache. Rows keep their own windows (a text is the same as if
-        generated alone); every window has the table's shape, so one
+        a context and a whole one, and a window's tokens come from the KV
+        cache. Rows keep their own windows (a text is the same as if
+        generated alone); every window has the context's shape, so one
         compiled loop serves all. A row that stops is padded from there on.
         """
         if window < 2:
