@@ -10,7 +10,8 @@ current backend is another), where the signatures are traced:
   -> logits, for every model;
 - `generate` (GPT, T5, Transformer): prompt ids + padding mask, max new
   tokens, temperature, top-k, top-p, seed, stop token ids -> generated ids,
-  the KV-cached loop running inside the graph;
+  the KV-cached loop running inside the graph (a GPT past its context in
+  the windows of `kerasformer.generate`);
 - `fill_mask`, `embed` (BERT masked LM), `classify`, `embed` (BERT
   classifier);
 - with a KerasHub tokenizer: `generate_text` (GPT, T5, Transformer) and
@@ -284,30 +285,63 @@ def _sampling(temperature, top_k, top_p):
 
 
 def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
+    """GPT generation in the graph, in the windows of `Generator._slide` past the context.
+
+    Everything fits one window of `prompt + max_new_tokens` positions when
+    that is within the context (`max_sequence_length`); past it, windows of
+    the context's length: a row's first holds its prompt's last `context - 1`
+    tokens, each later one the text's last `context // 2`. Every window is
+    the same cached loop (traced once), so the greedy tokens are those of
+    `generate`. `text` holds each row's prompt, then its new tokens.
+    """
     import tensorflow as tf
 
     from kerasformer.generate import Generator, _loop_body
 
     generator = Generator(model)
+    window, keep = model.max_sequence_length, model.max_sequence_length // 2
     lengths = tf.reduce_sum(tf.cast(padding_mask > 0, tf.int32), axis=1)  # (B,)
     checks = [
         tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
     ]
-    checks += _fits_positions(model, tf.shape(token_ids)[1] + max_new_tokens, "The longest prompt + `max_new_tokens`")
+    if window < 2:  # As `generate`: no prompt + new token fits, and a window could not move on.
+        message = f"A GPT with max_sequence_length={window} has no room for a prompt and a new token."
+        checks.append(tf.debugging.assert_less_equal(tf.shape(token_ids)[1] + max_new_tokens, window, message=message))
     token_ids, lengths, max_new_tokens = _after(checks, token_ids, lengths, max_new_tokens)
     batch, prompt_length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
     total = prompt_length + max_new_tokens
-    buffer = tf.pad(token_ids * tf.cast(padding_mask > 0, tf.int32), [[0, 0], [0, max_new_tokens]])
-    prompt_mask = tf.range(total)[None, :] < lengths[:, None]
-    limits = lengths + max_new_tokens
+    width = tf.minimum(window, total)  # One window's positions
+    text = tf.pad(token_ids * tf.cast(padding_mask > 0, tf.int32), [[0, 0], [0, max_new_tokens]])  # (B, P + N)
+    positions = tf.range(width)[None, :]  # (1, W)
     body = _loop_body(generator._step(), _sampling(temperature, top_k, top_p), 0)
-    result = generator._loop(
-        body, tf.zeros([batch, 1], tf.int32), buffer, prompt_mask, limits,
-        _noise(batch, total, seed), tf.reduce_min(lengths), stop_token_ids,
-    )[0]
+
+    def unfinished(part, text, text_lengths, produced, done):
+        return tf.reduce_any(tf.logical_and(tf.logical_not(done), produced < max_new_tokens))
+
+    def next_window(part, text, text_lengths, produced, done):
+        active = tf.logical_and(tf.logical_not(done), produced < max_new_tokens)  # (B,)
+        context = tf.minimum(text_lengths, tf.where(produced == 0, window - 1, keep))  # (B,) tokens the window starts from
+        counts = tf.where(active, tf.minimum(max_new_tokens - produced, width - context), 0)  # (B,) tokens it adds
+        in_context = positions < context[:, None]  # (B, W)
+        starts = (text_lengths - context)[:, None]  # (B, 1)
+        ids = tf.where(in_context, tf.gather(text, tf.minimum(starts + positions, total - 1), batch_dims=1), 0)  # (B, W)
+        limits = context + counts
+        noise = tf.random.stateless_uniform(tf.stack([batch, width]), seed=tf.stack([seed, part]), dtype=tf.float32)
+        result = generator._loop(
+            body, tf.zeros([batch, 1], tf.int32), ids, in_context, limits, noise, tf.reduce_min(context), stop_token_ids,
+        )[0]  # (B, W)
+        # The window's new tokens (positions context .. limits - 1) follow the text.
+        offsets = tf.range(total)[None, :] - text_lengths[:, None]  # (B, P + N)
+        fresh = tf.logical_and(offsets >= 0, offsets < counts[:, None])
+        text = tf.where(fresh, tf.gather(result, tf.clip_by_value(offsets + context[:, None], 0, width - 1), batch_dims=1), text)
+        new = tf.logical_and(positions >= context[:, None], positions < limits[:, None])  # (B, W)
+        stopped = tf.reduce_any(tf.logical_and(new, tf.reduce_any(result[:, :, None] == stop_token_ids, axis=-1)), axis=1)
+        return part + 1, text, text_lengths + counts, produced + counts, tf.logical_or(done, stopped)
+
+    state = (tf.constant(0), text, lengths, tf.zeros_like(lengths), tf.zeros([batch], tf.bool))
+    text = tf.while_loop(unfinished, next_window, state)[1]
     # The new tokens of each row, after its own prompt.
-    positions = lengths[:, None] + tf.range(max_new_tokens)[None, :]
-    return tf.gather(result, positions, batch_dims=1)
+    return tf.gather(text, lengths[:, None] + tf.range(max_new_tokens)[None, :], batch_dims=1)
 
 
 def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,

@@ -12,8 +12,9 @@ import pytest
 from kerasformer import data
 from kerasformer.export import export
 from kerasformer.generate import generate
-from kerasformer.models import BERTClassifier, BERTMaskedLM, from_preset
+from kerasformer.models import GPT, BERTClassifier, BERTMaskedLM, from_preset
 from tests.conftest import to_numpy
+from tests.generate_test import greedy_in_windows_by_full_passes
 
 VOCAB = 64
 # Runs in a fresh process that imports TensorFlow only (not keras, not kerasformer).
@@ -87,6 +88,25 @@ def test_gpt_export_matches_logits_and_greedy_generation(tmp_path):
     np.testing.assert_array_equal(generated["generate#top_k"], greedy)
     np.testing.assert_array_equal(generated["generate#top_p"], greedy)
     assert not np.array_equal(generated["generate#sampled"], greedy)  # The same seed, unfiltered: a sample.
+
+
+@pytest.mark.parametrize("position_type", ["learned", "rotary"])
+def test_exported_gpt_generates_past_its_context_in_windows(position_type, tmp_path):
+    model = GPT(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, max_sequence_length=12, position_type=position_type)
+    path = export(model, tmp_path / "gpt")
+    # The last prompt is longer than the context: its last 11 tokens count.
+    prompts = [[5, 6, 7], [8, 9], list(range(1, 16))]
+    ids = data.pad_batch(prompts)
+    expected = [greedy_in_windows_by_full_passes(model, prompt, 20, window=12) for prompt in prompts]
+    stop = expected[0][14]
+    request = {"token_ids": ids.tolist(), "padding_mask": (ids != 0).astype("int32").tolist(), "max_new_tokens": 20, **GREEDY}
+    results = run_saved_model(path, {"generate": request, "generate#stop": {**request, "stop_token_ids": [stop]}})
+    np.testing.assert_array_equal(results["generate"]["generated_ids"], expected)
+    # A stop token ends its row in any window; the other rows go on.
+    stopped = np.array(results["generate#stop"]["generated_ids"])
+    first = expected[0].index(stop)
+    assert stopped[0].tolist() == expected[0][: first + 1] + [0] * (19 - first)
+    np.testing.assert_array_equal(stopped, generate(model, prompts, max_new_tokens=20, stop_token_ids=[stop]))
 
 
 def test_bert_export_matches_and_has_fill_mask_and_embed(tmp_path):
