@@ -158,6 +158,10 @@ def build_signatures(model, tokenizer=None):
 
         @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), ids("decoder_token_ids")])
         def serving_default(encoder_token_ids, encoder_padding_mask, decoder_token_ids):
+            checks = _fits_positions(model, tf.shape(encoder_token_ids)[1], "`encoder_token_ids`")
+            checks += _fits_positions(model, tf.shape(decoder_token_ids)[1], "`decoder_token_ids`")
+            encoder_token_ids, encoder_padding_mask, decoder_token_ids = _after(
+                checks, encoder_token_ids, encoder_padding_mask, decoder_token_ids)
             encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
             logits = model({"encoder_token_ids": encoder_token_ids, "decoder_token_ids": decoder_token_ids})
             return {"logits": logits}
@@ -166,6 +170,10 @@ def build_signatures(model, tokenizer=None):
                                       scalar(tf.int32, "start_token_id")])
         def generate(encoder_token_ids, encoder_padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                      start_token_id):
+            # As `generate`: the decoder reads its start token and every new token but the last.
+            checks = _fits_positions(model, tf.shape(encoder_token_ids)[1], "`encoder_token_ids`")
+            checks += _fits_positions(model, max_new_tokens, "`max_new_tokens`")
+            encoder_token_ids, encoder_padding_mask = _after(checks, encoder_token_ids, encoder_padding_mask)
             encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
             options = _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
             return {"generated_ids": _seq2seq_generate_in_graph(model, encoder_token_ids, *options, start_token_id)}
@@ -242,11 +250,12 @@ def _fits_positions(model, length, what):
     """
     import tensorflow as tf
 
-    if getattr(model, "position_type", None) != "learned":
+    from kerasformer.generate import learned_positions_message
+
+    message = learned_positions_message(model, what)
+    if message is None:
         return []
-    limit = model.max_sequence_length
-    message = f"{what} must fit the learned positions: at most {limit} tokens (max_sequence_length={limit})."
-    return [tf.debugging.assert_less_equal(length, limit, message=message)]
+    return [tf.debugging.assert_less_equal(length, model.max_sequence_length, message=message)]
 
 
 def _after(checks, *tensors):

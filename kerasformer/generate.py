@@ -403,6 +403,11 @@ class Generator:
         if encoder_ids.ndim != 2:
             raise ValueError(f"`inputs` must be encoder token ids (B, S), got shape {encoder_ids.shape}.")
         check_token_ids(encoder_ids, model.source_embedding.vocab_size, "inputs")
+        # The decoder reads its start token and every new token but the last.
+        for length, what in ((encoder_ids.shape[1], "`inputs`"), (max_new_tokens, "`max_new_tokens`")):
+            message = learned_positions_message(model, what)
+            if message and length > model.max_sequence_length:
+                raise ValueError(message)
         encoder_ids = encoder_ids.astype("int32")
         lengths = np.ones((encoder_ids.shape[0],), "int32")
         token_ids = np.zeros((encoder_ids.shape[0], 1 + max_new_tokens), "int32")
@@ -479,6 +484,14 @@ class Generator:
                 texts[row] += tokens.tolist()
                 produced[row] += counts[row]
         return new
+
+
+def learned_positions_message(model, what):
+    """The error for `what` past `model`'s learned position table; None when it has none (nothing to exceed)."""
+    if getattr(model, "position_type", None) != "learned":
+        return None
+    limit = model.max_sequence_length
+    return f"{what} must fit the learned positions: at most {limit} tokens (max_sequence_length={limit})."
 
 
 def _best_beams(new, scores, stop, length_penalty):

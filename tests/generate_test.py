@@ -13,8 +13,8 @@ def gpt(**kwargs):
     return GPT(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, max_sequence_length=64, **kwargs)
 
 
-def seq2seq(builder, tie_embeddings=False):
-    model = builder(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64, tie_embeddings=tie_embeddings)
+def seq2seq(builder, tie_embeddings=False, **kwargs):
+    model = builder(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64, tie_embeddings=tie_embeddings, **kwargs)
     # Sharp random weights, so that greedy tokens differ from step to step: a
     # sharp head, or (tied: the residual stream carries the input token to its
     # own logit) a sharp last feed-forward layer.
@@ -118,6 +118,20 @@ def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
     assert len(set(out.ravel().tolist())) > 1
     for source, row in zip(sources, out):
         assert list(row) == seq2seq_greedy_by_full_passes(model, list(source), 6, start=1)
+
+
+def test_seq2seq_generation_keeps_to_learned_positions():
+    # The decoder reads its start token and every new token but the last: a table of 8 gives 8 new tokens.
+    model = seq2seq(Transformer, position_type="learned", max_sequence_length=8)
+    sources = np.array([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 0, 0, 0, 0, 0]])
+    out = generate(model, sources, max_new_tokens=8, start_token_id=1)
+    for source, row in zip(sources, out):
+        assert list(row) == seq2seq_greedy_by_full_passes(model, list(source), 8, start=1)
+    message = "{} must fit the learned positions: at most 8 tokens \\(max_sequence_length=8\\)"
+    with pytest.raises(ValueError, match=message.format("`max_new_tokens`")):
+        generate(model, sources, max_new_tokens=9, start_token_id=1)
+    with pytest.raises(ValueError, match=message.format("`inputs`")):
+        generate(model, np.ones((1, 9), "int32"), max_new_tokens=2)
 
 
 def test_same_shapes_do_not_recompile():
