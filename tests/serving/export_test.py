@@ -104,8 +104,17 @@ def test_exported_gpt_generates_past_its_context_in_windows(position_type, tmp_p
     expected = [greedy_in_windows_by_full_passes(model, prompt, 20, window=12) for prompt in prompts]
     stop = expected[0][14]
     request = {"token_ids": ids.tolist(), "padding_mask": (ids != 0).astype("int32").tolist(), "max_new_tokens": 20, **GREEDY}
-    results = run_saved_model(path, {"generate": request, "generate#stop": {**request, "stop_token_ids": [stop]}})
+    sampled = {**request, "temperature": 1.0, "seed": 3}
+    results = run_saved_model(path, {
+        "generate": request, "generate#stop": {**request, "stop_token_ids": [stop]},
+        "generate#sampled": sampled, "generate#again": sampled, "generate#other_seed": {**sampled, "seed": 4},
+    })
     np.testing.assert_array_equal(results["generate"]["generated_ids"], expected)
+    # A seed repeats its samples in every window, and another seed changes them.
+    assert results["generate#sampled"] == results["generate#again"] != results["generate#other_seed"]
+    # New tokens 10 on come from later windows in every row (the first holds 9, 10 and 1 new tokens).
+    later = [np.array(results[key]["generated_ids"])[:, 10:] for key in ("generate#sampled", "generate#other_seed")]
+    assert not np.array_equal(*later)
     # A stop token ends its row in any window; the other rows go on.
     stopped = np.array(results["generate#stop"]["generated_ids"])
     first = expected[0].index(stop)
