@@ -309,7 +309,10 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
 
     generator = Generator(model)
     window, keep = model.max_sequence_length, model.max_sequence_length // 2
-    lengths = tf.reduce_sum(tf.cast(padding_mask > 0, tf.int32), axis=1)  # (B,)
+    # Each row's prompt is its tokens under the mask, so left-padded rows (as
+    # Hugging Face pads for generation) read as right-padded ones.
+    prompt = tf.ragged.boolean_mask(token_ids, padding_mask > 0)  # (B, None)
+    token_ids, lengths = prompt.to_tensor(default_value=0), tf.cast(prompt.row_lengths(), tf.int32)  # (B, P), (B,)
     checks = [
         tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
     ]
@@ -320,7 +323,7 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
     batch, prompt_length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
     total = prompt_length + max_new_tokens
     width = tf.minimum(window, total)  # One window's positions
-    text = tf.pad(token_ids * tf.cast(padding_mask > 0, tf.int32), [[0, 0], [0, max_new_tokens]])  # (B, P + N)
+    text = tf.pad(token_ids, [[0, 0], [0, max_new_tokens]])  # (B, P + N)
     positions = tf.range(width)[None, :]  # (1, W)
     body = _loop_body(generator._step(), _sampling(temperature, top_k, top_p), 0)
 

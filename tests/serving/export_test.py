@@ -105,11 +105,15 @@ def test_exported_gpt_generates_past_its_context_in_windows(position_type, tmp_p
     stop = expected[0][14]
     request = {"token_ids": ids.tolist(), "padding_mask": (ids != 0).astype("int32").tolist(), "max_new_tokens": 20, **GREEDY}
     sampled = {**request, "temperature": 1.0, "seed": 3}
+    # The same prompts padded on the left, as Hugging Face pads for generation.
+    left = np.stack([np.roll(row, (row == 0).sum()) for row in ids])
+    left_padded = {**request, "token_ids": left.tolist(), "padding_mask": (left != 0).astype("int32").tolist()}
     results = run_saved_model(path, {
-        "generate": request, "generate#stop": {**request, "stop_token_ids": [stop]},
+        "generate": request, "generate#stop": {**request, "stop_token_ids": [stop]}, "generate#left": left_padded,
         "generate#sampled": sampled, "generate#again": sampled, "generate#other_seed": {**sampled, "seed": 4},
     })
     np.testing.assert_array_equal(results["generate"]["generated_ids"], expected)
+    np.testing.assert_array_equal(results["generate#left"]["generated_ids"], expected)
     # A seed repeats its samples in every window, and another seed changes them.
     assert results["generate#sampled"] == results["generate#again"] != results["generate#other_seed"]
     # New tokens 10 on come from later windows in every row (the first holds 9, 10 and 1 new tokens).
