@@ -266,10 +266,11 @@ def _after(checks, *tensors):
         return tuple(tf.identity(t) for t in tensors)
 
 
-def _noise(batch, length, seed):
+def _noise(batch, length, seed, part=0):
+    """Uniform draws `(batch, length)` of a request's `seed`; `part` numbers a GPT's windows, each its own draws."""
     import tensorflow as tf
 
-    return tf.random.stateless_uniform(tf.stack([batch, length]), seed=tf.stack([seed, 0]), dtype=tf.float32)
+    return tf.random.stateless_uniform(tf.stack([batch, length]), seed=tf.stack([seed, part]), dtype=tf.float32)
 
 
 def _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
@@ -301,11 +302,11 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
     the context's length: a row's first holds its prompt's last `context - 1`
     tokens, each later one the text's last `context // 2`. Every window is
     the same cached loop (traced once), so the greedy tokens are those of
-    `generate`. `text` holds each row's prompt, then its new tokens.
+    `generate`. `text` holds each row's prompt, then its `produced` new tokens.
     """
     import tensorflow as tf
 
-    from kerasformer.generate import Generator, _loop_body
+    from kerasformer.generate import NO_ROOM, Generator, _loop_body
 
     generator = Generator(model)
     window, keep = model.max_sequence_length, model.max_sequence_length // 2
@@ -317,8 +318,7 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
         tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
     ]
     if window < 2:  # As `generate`: no prompt + new token fits, and a window could not move on.
-        message = f"A GPT with max_sequence_length={window} has no room for a prompt and a new token."
-        checks.append(tf.debugging.assert_less_equal(tf.shape(token_ids)[1] + max_new_tokens, window, message=message))
+        checks.append(tf.debugging.assert_less_equal(tf.shape(token_ids)[1] + max_new_tokens, window, message=NO_ROOM.format(window)))
     token_ids, lengths, max_new_tokens = _after(checks, token_ids, lengths, max_new_tokens)
     batch, prompt_length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
     total = prompt_length + max_new_tokens
@@ -327,10 +327,11 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
     positions = tf.range(width)[None, :]  # (1, W)
     body = _loop_body(generator._step(), _sampling(temperature, top_k, top_p), 0)
 
-    def unfinished(part, text, text_lengths, produced, done):
+    def unfinished(part, text, produced, done):
         return tf.reduce_any(tf.logical_and(tf.logical_not(done), produced < max_new_tokens))
 
-    def next_window(part, text, text_lengths, produced, done):
+    def next_window(part, text, produced, done):
+        text_lengths = lengths + produced  # (B,)
         active = tf.logical_and(tf.logical_not(done), produced < max_new_tokens)  # (B,)
         context = tf.minimum(text_lengths, tf.where(produced == 0, window - 1, keep))  # (B,) tokens the window starts from
         counts = tf.where(active, tf.minimum(max_new_tokens - produced, width - context), 0)  # (B,) tokens it adds
@@ -338,9 +339,9 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
         starts = (text_lengths - context)[:, None]  # (B, 1)
         ids = tf.where(in_context, tf.gather(text, tf.minimum(starts + positions, total - 1), batch_dims=1), 0)  # (B, W)
         limits = context + counts
-        noise = tf.random.stateless_uniform(tf.stack([batch, width]), seed=tf.stack([seed, part]), dtype=tf.float32)
         result = generator._loop(
-            body, tf.zeros([batch, 1], tf.int32), ids, in_context, limits, noise, tf.reduce_min(context), stop_token_ids,
+            body, tf.zeros([batch, 1], tf.int32), ids, in_context, limits, _noise(batch, width, seed, part),
+            tf.reduce_min(context), stop_token_ids,
         )[0]  # (B, W)
         # The window's new tokens (positions context .. limits - 1) follow the text.
         offsets = tf.range(total)[None, :] - text_lengths[:, None]  # (B, P + N)
@@ -348,9 +349,9 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
         text = tf.where(fresh, tf.gather(result, tf.clip_by_value(offsets + context[:, None], 0, width - 1), batch_dims=1), text)
         new = tf.logical_and(positions >= context[:, None], positions < limits[:, None])  # (B, W)
         stopped = tf.reduce_any(tf.logical_and(new, tf.reduce_any(result[:, :, None] == stop_token_ids, axis=-1)), axis=1)
-        return part + 1, text, text_lengths + counts, produced + counts, tf.logical_or(done, stopped)
+        return part + 1, text, produced + counts, tf.logical_or(done, stopped)
 
-    state = (tf.constant(0), text, lengths, tf.zeros_like(lengths), tf.zeros([batch], tf.bool))
+    state = (tf.constant(0), text, tf.zeros_like(lengths), tf.zeros([batch], tf.bool))
     text = tf.while_loop(unfinished, next_window, state)[1]
     # The new tokens of each row, after its own prompt.
     return tf.gather(text, lengths[:, None] + tf.range(max_new_tokens)[None, :], batch_dims=1)

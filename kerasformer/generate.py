@@ -462,7 +462,7 @@ class Generator:
         compiled loop serves all. A row that stops is padded from there on.
         """
         if window < 2:
-            raise ValueError(f"A GPT with max_sequence_length={window} has no room for a prompt and a new token.")
+            raise ValueError(NO_ROOM.format(window))
         keep = window // 2
         texts = [[int(t) for t in prompt] for prompt in prompts]
         new = np.zeros((len(texts), max_new_tokens), "int32")
@@ -484,6 +484,10 @@ class Generator:
                 texts[row] += tokens.tolist()
                 produced[row] += counts[row]
         return new
+
+
+# A GPT of a 1-token context (`max_sequence_length`) cannot generate: the exported `generate` says the same.
+NO_ROOM = "A GPT with max_sequence_length={} has no room for a prompt and a new token."
 
 
 def learned_positions_message(model, what):
