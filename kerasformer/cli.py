@@ -53,7 +53,8 @@ def _generate_parser(subparsers):
     )
     parser.add_argument(
         "--max-new-tokens", type=int, default=100,
-        help="tokens to generate; a GPT goes past its context in windows, as nanoGPT crops it (default: %(default)s)",
+        help="tokens to generate; a GPT goes past its context in windows, as nanoGPT crops it; T5 and Transformer"
+        " stop at their end token, and a Transformer with learned positions by its table's end (default: %(default)s)",
     )
     parser.add_argument(
         "--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature (default: %(default)s)"
@@ -102,6 +103,15 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
         new = generate(model, ids, max_new_tokens=max_new_tokens, **options)
         texts = [data.continuation(tokenizer, *row) for row in zip(prompts, ids, new)]
     else:
+        if getattr(model, "position_type", None) == "learned":  # A Transformer's table bounds source and output.
+            limit = model.max_sequence_length
+            for text, row in zip(prompts, ids):
+                if len(row) > limit:
+                    raise ValueError(
+                        f"`prompt` {text!r} has {len(row)} tokens; this model's learned positions hold at most {limit}."
+                    )
+            # Its decoder cannot write past the table; a trained one ends with [END] before.
+            max_new_tokens = min(max_new_tokens, limit)
         start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
         sources = data.pad_batch(ids)  # Padded with 0, which encoders mask.
         new = generate(model, sources, max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)

@@ -438,6 +438,9 @@ def _text_signatures(model, tokenizer, signatures):
         @tf.function(input_signature=[text, *text_sampling_spec])
         def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
             token_ids, mask = tokenize(text)
+            token_ids, mask = _after(_fits_positions(model, tf.shape(token_ids)[1], "Each `text`"), token_ids, mask)
+            if getattr(model, "position_type", None) == "learned":  # As `kerasformer generate`: the text ends by the table's end.
+                max_new_tokens = tf.minimum(max_new_tokens, model.max_sequence_length)
             # The loop ends once every row has its end token.
             new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, [end], start)["generated_ids"]
             return {"text": tokenizer.detokenize(before_first(tf.where(tf.equal(new, end), 0, new), 0))}  # Up to end or pad.

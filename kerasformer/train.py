@@ -186,7 +186,10 @@ def _seq2seq_task(config, build):
     held_out = min(1000, len(labels) // 10)
     part = lambda a, s: {k: v[s] for k, v in a.items()} if isinstance(a, dict) else a[s]  # noqa: E731
     train_rows, validation_rows = slice(0, -held_out), slice(-held_out, None)
-    model = build(vocab_size=int(tokenizer.vocabulary_size()))
+    # Sources and decoder inputs are at most `sequence_length` tokens: a larger
+    # learned table (`--model position_type=learned`) would hold untrained
+    # positions, as for a GPT.
+    model = build(vocab_size=int(tokenizer.vocabulary_size()), max_sequence_length=config.sequence_length)
     train = data.ArrayBatches(*(part(a, train_rows) for a in (inputs, labels, weights)), config.batch_size, config.checkpoint_every, seed=config.seed)
     validation = data.ArrayBatches(*(part(a, validation_rows) for a in (inputs, labels, weights)), config.batch_size)
 
@@ -226,7 +229,7 @@ def build_task(config):
         overrides["dropout"] = config.dropout
 
     def build(**arguments):
-        if config.task in ("t5", "transformer"):
+        if config.task == "t5":  # Relative position buckets: no table, no length limit.
             arguments.pop("max_sequence_length", None)
         return from_preset(preset, **{**arguments, **overrides})
 

@@ -177,10 +177,18 @@ def test_saves_replace_a_file_only_once_complete(tmp_path):
     assert os.listdir(tmp_path) == ["checkpoint.keras"]
 
 
-@pytest.mark.parametrize("task,metric", [("bert", "masked_token_accuracy"), ("t5", "exact_match"), ("transformer", "exact_match")])
-def test_other_tasks_train_and_report_their_score(task, metric, tmp_path):
+@pytest.mark.parametrize(
+    "task,metric,overrides",
+    [
+        ("bert", "masked_token_accuracy", {}),
+        ("t5", "exact_match", {}),
+        ("transformer", "exact_match", {}),
+        ("transformer", "exact_match", {"position_type": "learned"}),
+    ],
+)
+def test_other_tasks_train_and_report_their_score(task, metric, overrides, tmp_path):
     config = TrainConfig(task=task, run_dir=str(tmp_path / task), steps=20, checkpoint_every=10, batch_size=16,
-                         sequence_length=24, warmup_steps=5, validation_steps=2, learning_rate=3e-3)
+                         sequence_length=24, warmup_steps=5, validation_steps=2, learning_rate=3e-3, overrides=overrides)
     results = train(config)
     assert 0.0 <= results[metric] <= 1.0
     assert (tmp_path / task / "model.keras").exists()
@@ -199,6 +207,24 @@ def test_other_tasks_train_and_report_their_score(task, metric, tmp_path):
         sources = ["1 2", "3 0 4 7"]  # Digits to number words.
         alone = [generate_text(str(tmp_path / task), source, max_new_tokens=8) for source in sources]
         assert generate_text(str(tmp_path / task), sources, max_new_tokens=8) == alone
+    if overrides:  # Learned positions: a table of --sequence-length tokens.
+        # The CLI's default of 100 new tokens is capped by the table: the text ends there at the latest.
+        assert isinstance(generate_text(str(tmp_path / task), "1 2"), str)
+        with pytest.raises(ValueError, match=r"`prompt` '1 2 3 .*' has 25 tokens; .* at most 24"):
+            generate_text(str(tmp_path / task), " ".join("123456789"[i % 9] for i in range(25)))
+
+
+@pytest.mark.parametrize("task", ["gpt", "bert", "transformer"])
+def test_a_learned_position_table_is_the_trained_length(task):
+    # Positions past --sequence-length would never be trained; generation
+    # would read them as noise instead of refusing (see generate's messages).
+    def table_length(**overrides):
+        config = TrainConfig(task=task, sequence_length=24, overrides={"position_type": "learned", **overrides})
+        model = build_task(config)[1]
+        return getattr(model, "backbone", model).max_sequence_length  # BERTMaskedLM wraps its BERT.
+
+    assert table_length() == 24
+    assert table_length(max_sequence_length=40) == 40  # An explicit --model max_sequence_length wins.
 
 
 def test_bert_on_a_text_file_learns_a_wordpiece_vocabulary_of_that_text(tmp_path):

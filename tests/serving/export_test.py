@@ -128,16 +128,25 @@ def test_exported_gpt_generates_past_its_context_in_windows(position_type, tmp_p
 
 def test_exported_transformer_keeps_to_its_learned_positions(tmp_path):
     model = seq2seq(Transformer, position_type="learned", max_sequence_length=8)
-    path = export(model, tmp_path / "transformer")
+    words = [f"w{i}" for i in range(43)]
+    tokenizer = data.word_tokenizer(words)  # As many ids as the model's vocabulary (with the 7 special tokens).
+    path = export(model, tmp_path / "transformer", tokenizer=tokenizer)
     source = token_ids((2, 8)) % 40 + 3  # The vocabulary of `seq2seq`'s model is smaller.
     mask = np.ones_like(source).tolist()
     request = {"encoder_token_ids": source.tolist(), "encoder_padding_mask": mask, "max_new_tokens": 8, **GREEDY, "start_token_id": 1}
     long_source = [[5] * 9]
+    texts = ["w1 w2 w3", "w4 w5 w6 w7 w8 w9 w10 w11"]
+    text_greedy = {k: v for k, v in GREEDY.items() if k != "stop_token_ids"}
     results = run_saved_model(path, {
         "generate": request,  # The decoder reads positions 0-7: its start token and 7 new tokens.
         "generate#too_many": {**request, "max_new_tokens": 9},
         "generate#long_source": {**request, "encoder_token_ids": long_source, "encoder_padding_mask": [[1] * 9]},
         "serving_default": {"encoder_token_ids": source.tolist(), "encoder_padding_mask": mask, "decoder_token_ids": [[1] * 9] * 2},
+        # Text asks for more than the table holds, as `kerasformer generate`'s
+        # default may: it ends by the table's end, with the tokens of 8.
+        "generate_text": {"text": texts, "max_new_tokens": 20, **text_greedy},
+        "generate_text#table": {"text": texts, "max_new_tokens": 8, **text_greedy},
+        "generate_text#long": {"text": [" ".join(words[:9])], "max_new_tokens": 4, **text_greedy},
     })
     expected = [seq2seq_greedy_by_full_passes(model, list(row), 8, start=1) for row in source]
     np.testing.assert_array_equal(results["generate"]["generated_ids"], expected)
@@ -145,6 +154,17 @@ def test_exported_transformer_keeps_to_its_learned_positions(tmp_path):
     assert results["generate#too_many"] == {"error": message.format("`max_new_tokens`")}
     assert results["generate#long_source"] == {"error": message.format("`encoder_token_ids`")}
     assert results["serving_default"] == {"error": message.format("`decoder_token_ids`")}
+    assert results["generate_text"] == results["generate_text#table"]
+    end = data.SPECIAL_TOKENS.index(data.END)
+    sources = data.pad_batch([data.encode(tokenizer, t) for t in texts])
+    new = generate(model, sources, max_new_tokens=8, stop_token_ids=[end], start_token_id=data.SPECIAL_TOKENS.index(data.START))
+    expected = [data.decode(tokenizer, _until(row, (0, end))) for row in new]  # The text ends at an end or pad id.
+    assert results["generate_text"]["text"] == expected
+    assert results["generate_text#long"] == {"error": message.format("Each `text`")}
+
+
+def _until(ids, stops):
+    return [int(t) for t in ids[: next((i for i, t in enumerate(ids) if t in stops), len(ids))]]
 
 
 def test_bert_export_matches_and_has_fill_mask_and_embed(tmp_path):
