@@ -98,16 +98,19 @@ def make_optimizer(model, config):
 # Tasks: tokenizer, model, batches and a final score ------------------------
 
 
-def _texts(config, generated):
-    return data.read_text(config.data) if config.data else generated
-
-
 def _gpt_task(config, build):
-    text = _texts(config, " ".join(data.generated_language(20000, seed=config.seed)))
+    text = data.read_text(config.data) if config.data else " ".join(data.generated_language(20000, seed=config.seed))
+    if not text.strip():
+        raise ValueError(f"`data` {config.data!r} has no text.")
     kind = config.tokenizer or "char"
     tokenizer = data.train_tokenizer(kind, [text] if kind == "char" else text.splitlines() or [text], config.vocabulary_size)
     stream = data.encode(tokenizer, text)
     train_stream, validation_stream = data.split(stream)
+    if len(validation_stream) < config.sequence_length + 2:  # The smaller part; windows of T + 1 tokens, at 2 offsets at least.
+        raise ValueError(
+            f"`data` is too short for `sequence_length`={config.sequence_length}: its validation tenth has "
+            f"{len(validation_stream)} tokens, fewer than {config.sequence_length + 2}; give a longer text or a smaller `sequence_length`."
+        )
     vocab_size = int(tokenizer.vocabulary_size())
     # The context it trains on, as nanoGPT's block_size: a larger learned table
     # would hold untrained positions, which generation past the context would read.
@@ -143,9 +146,9 @@ def _special_token_tokenizer(config, texts, generated_words):
 def _bert_task(config, build):
     from kerasformer.models import BERTMaskedLM
 
-    sentences = _texts(config, None)
-    sentences = sentences.splitlines() if sentences else data.generated_language(20000, seed=config.seed)
+    sentences = data.read_text(config.data).splitlines() if config.data else data.generated_language(20000, seed=config.seed)
     sentences = [s for s in sentences if s.strip()]
+    _check_count(config, len(sentences), "sentences")
     tokenizer = _special_token_tokenizer(config, sentences, data.LANGUAGE_WORDS)
     cls_id, sep_id, mask_id = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
     rows = [np.concatenate([[cls_id], ids[: config.sequence_length - 2], [sep_id]]) for ids in data.encode(tokenizer, sentences)]
@@ -175,6 +178,7 @@ def _seq2seq_task(config, build):
 
     if config.data:
         pairs = [line.split("\t") for line in data.read_text(config.data).splitlines() if "\t" in line]
+        _check_count(config, len(pairs), "source<TAB>target lines")
         sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
     else:
         sources, targets = data.numbers_to_words_dataset(20000, seed=config.seed)
@@ -183,7 +187,7 @@ def _seq2seq_task(config, build):
     source_ids = [ids[: config.sequence_length] for ids in data.encode(tokenizer, sources)]
     target_ids = [ids[: config.sequence_length - 1] for ids in data.encode(tokenizer, targets)]
     inputs, labels, weights = data.seq2seq_arrays(source_ids, target_ids, start_id, end_id)
-    held_out = min(1000, len(labels) // 10)
+    held_out = max(1, min(1000, len(labels) // 10))
     part = lambda a, s: {k: v[s] for k, v in a.items()} if isinstance(a, dict) else a[s]  # noqa: E731
     train_rows, validation_rows = slice(0, -held_out), slice(-held_out, None)
     # Sources and decoder inputs are at most `sequence_length` tokens: a larger
@@ -206,6 +210,12 @@ def _seq2seq_task(config, build):
         }
 
     return tokenizer, model, train, validation, evaluate
+
+
+def _check_count(config, count, what):
+    """Names `data` when it has too few examples to train on some and validate on others."""
+    if count < 2:
+        raise ValueError(f"`data` {config.data!r} has {count} {what}; a run needs at least 2 (about 90% to train on, 10% to validate on).")
 
 
 def _until(ids, end_id):

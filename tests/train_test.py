@@ -246,6 +246,25 @@ def test_bert_on_a_text_file_learns_a_wordpiece_vocabulary_of_that_text(tmp_path
         train(TrainConfig(task="bert", data=str(corpus), tokenizer="char", run_dir=str(tmp_path / "char")))
 
 
+@pytest.mark.parametrize("task,text,message", [
+    ("gpt", "", "has no text"),
+    ("gpt", "hello world\n" * 40, r"too short for `sequence_length`=64: its validation tenth has 48 tokens, fewer than 66"),
+    ("bert", "", "has 0 sentences; a run needs at least 2"),
+    ("bert", "one sentence\n\n", "has 1 sentences; a run needs at least 2"),
+    ("t5", "no tab on this line\n", "has 0 source<TAB>target lines; a run needs at least 2"),
+    ("transformer", "1\tone\n", "has 1 source<TAB>target lines; a run needs at least 2"),  # Once nothing was left to train on.
+])
+def test_a_data_file_too_small_to_split_is_named(task, text, message, tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"`data` .*" + message):
+        build_task(TrainConfig(task=task, data=str(path)))
+    if task == "transformer":  # Two lines are enough: one to train on, one to validate on.
+        path.write_text("1\tone\n2\ttwo\n")
+        train_data, validation_data = build_task(TrainConfig(task=task, data=str(path), batch_size=4))[2:4]
+        assert (len(train_data.labels), len(validation_data.labels)) == (1, 1)
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="checkpoint_every"):
         train(TrainConfig(steps=25, checkpoint_every=10))
