@@ -341,9 +341,13 @@ class PooledHTTPServer(HTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address, model, workers=4):
-        super().__init__(address, _Handler)
-        self.model = model
+        # Before binding: a failed bind closes the server, which shuts the pool down.
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="serve")
+        self.model = model
+        try:
+            super().__init__(address, _Handler)
+        except (OSError, OverflowError) as error:  # Port taken or out of range, unknown host.
+            raise ValueError(f"Cannot listen on `host` {address[0]!r}, `port` {address[1]}: {str(error).rstrip('.')}.") from None
 
     def process_request(self, request, client_address):
         self.pool.submit(self._handle, request, client_address)
@@ -363,6 +367,8 @@ class PooledHTTPServer(HTTPServer):
 
 def serve(path, host="127.0.0.1", port=8501, name=None, workers=4, ready=None):
     """Serves the SavedModel at `path` until SIGTERM or SIGINT."""
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"`workers` must be a positive number of requests served at once, got {workers!r}.")
     model = ServedModel(path, name)
     server = PooledHTTPServer((host, port), model, workers)
 

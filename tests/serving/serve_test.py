@@ -221,3 +221,19 @@ def test_serving_a_folder_without_a_saved_model_is_one_error_line(tmp_path, caps
         main(["serve", str(tmp_path / "missing")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith("is not a SavedModel folder (no saved_model.pb); write one with `kerasformer export`.")
+
+
+def test_a_port_it_cannot_listen_on_and_bad_workers_are_named(tmp_path):
+    from kerasformer.serve import PooledHTTPServer, serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # It used to fail with an AttributeError from its own clean-up, hiding why.
+        with pytest.raises(ValueError, match=rf"Cannot listen on `host` '127.0.0.1', `port` {port}: .*in use"):
+            PooledHTTPServer(("127.0.0.1", port), model=None)
+    with pytest.raises(ValueError, match=r"`port` 70000: .*0-65535\.$"):
+        PooledHTTPServer(("127.0.0.1", 70000), model=None)
+    with pytest.raises(ValueError, match=r"`workers` must be a positive number .* got 0"):
+        serve(str(tmp_path), workers=0)
