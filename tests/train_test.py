@@ -85,12 +85,16 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
     assert result.stderr.strip().endswith("kerasformer generate: error: `top_p` must be in (0, 1], got 1.5.")
 
 
-def test_train_cli_refuses_a_malformed_model_argument(capsys):
+def test_train_cli_refuses_a_malformed_model_argument(capsys, tmp_path):
     from kerasformer.cli import main
 
     with pytest.raises(SystemExit):
         main(["train", "gpt", "--model", "num_layers"])
     assert "expected NAME=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # A misspelt name: it used to train the preset as it is.
+        main(["train", "t5", "--run-dir", str(tmp_path), "--model", "num_layer=4", "--model", "max_sequence_length=32"])
+    assert exit_info.value.code == 2
+    assert "error: T5 has no argument 'num_layer', 'max_sequence_length'; its arguments are" in capsys.readouterr().err
 
 
 def test_train_cli_documents_every_setting_and_refuses_bad_choices(capsys):

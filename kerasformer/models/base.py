@@ -22,14 +22,31 @@ def check_choice(name, value, choices):
         raise ValueError(f"Unknown `{name}` {value!r}; expected one of {choices}.")
 
 
-def constructor_arguments(frame_locals, cls):
-    """The named arguments of `cls.__init__` as they were passed."""
-    names = [
+def argument_names(cls):
+    """The named arguments of `cls.__init__`, in order."""
+    return [
         name
         for name, parameter in inspect.signature(cls.__init__).parameters.items()
         if name != "self" and parameter.kind is parameter.POSITIONAL_OR_KEYWORD
     ]
-    return {name: frame_locals[name] for name in names}
+
+
+def constructor_arguments(frame_locals, cls):
+    """The named arguments of `cls.__init__` as they were passed."""
+    return {name: frame_locals[name] for name in argument_names(cls)}
+
+
+# What a builder's `**kwargs` pass on to `keras.Model` (its config round-trips them).
+MODEL_KEYWORDS = ("name", "trainable")
+
+
+def unknown_arguments_message(cls, names):
+    """The error for the arguments among `names` that builder `cls` does not take; None if it takes them all."""
+    known = argument_names(cls) + list(MODEL_KEYWORDS)
+    unknown = [name for name in names if name not in known]
+    if not unknown:
+        return None
+    return f"{cls.__name__} has no argument {', '.join(map(repr, unknown))}; its arguments are {', '.join(known)}."
 
 
 class TransformerModel(keras.Model):
@@ -39,6 +56,14 @@ class TransformerModel(keras.Model):
     `super().__init__(inputs=..., outputs=...)`, then `self._set_config(...)`
     so that `get_config` / `from_config` (and `.keras` files) round-trip.
     """
+
+    def __init__(self, inputs, outputs, **kwargs):
+        # keras.Model drops keywords it does not know: a misspelt argument
+        # (`num_layer=4`) would build the default model without a word.
+        message = unknown_arguments_message(type(self), kwargs)
+        if message:
+            raise TypeError(message)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
     def _set_config(self, config):
         self._model_config = dict(config)

@@ -4,6 +4,7 @@ Presets are architectures only (randomly initialized); to start from trained
 weights, load a local checkpoint with `kerasformer.convert.from_huggingface`.
 """
 
+from kerasformer.models.base import unknown_arguments_message
 from kerasformer.models.bert import BERT
 from kerasformer.models.gpt import GPT
 from kerasformer.models.t5 import T5
@@ -41,4 +42,7 @@ def from_preset(name, **overrides):
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; expected one of {preset_names()}.")
     builder, arguments = PRESETS[name]
+    message = unknown_arguments_message(builder, overrides)  # Before building: `kerasformer train --model` names it.
+    if message:
+        raise ValueError(message)
     return builder(**{**arguments, **overrides})

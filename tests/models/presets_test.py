@@ -49,6 +49,18 @@ def test_every_preset_has_a_tiny_version_that_runs():
         assert f"{family}-tiny" in PRESETS
 
 
+@pytest.mark.parametrize("name", ["gpt2-tiny", "bert-tiny", "t5-tiny", "transformer-tiny"])
+def test_a_misspelt_argument_is_named_not_dropped(name):
+    # keras.Model drops keywords it does not know, so `num_layer=1` built the preset's 2 layers.
+    builder, arguments = PRESETS[name]
+    with pytest.raises(TypeError, match=rf"{builder.__name__} has no argument 'num_layer'; its arguments are vocab_size, num_layers, "):
+        builder(**arguments, num_layer=1)
+    with pytest.raises(ValueError, match=r"has no argument 'num_layer', 'widht'"):
+        from_preset(name, num_layer=1, widht=8)
+    model = builder(**arguments, name="renamed")  # What keras.Model takes is still passed on.
+    assert model.name == "renamed" and type(model).from_config(model.get_config()).name == "renamed"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "bert", "t5"])
 def test_full_size_conversion_matches_reference(family):
