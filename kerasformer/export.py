@@ -50,6 +50,7 @@ def export(model, path, tokenizer=None):
     if not isinstance(model, (GPT, BERT, BERTMaskedLM, BERTClassifier, EncoderDecoderModel)):
         raise ValueError(f"Cannot export a {type(model).__name__}: `model` must be a kerasformer model.")
     path = os.path.abspath(path)
+    _check_replaceable(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as staging:
@@ -82,6 +83,18 @@ def export_run(run_dir, path):
 
     model, tokenizer, _ = load_run(run_dir)
     return export(model, path, tokenizer)
+
+
+def _check_replaceable(path):
+    """Refuses a target that is neither new, an empty folder, nor a SavedModel (which an export replaces).
+
+    The export replaces its target whole: a file or a folder of other things
+    (`kerasformer export run ~/models`) would be deleted.
+    """
+    if not os.path.exists(path) or (os.path.isdir(path) and (not os.listdir(path) or os.path.isfile(os.path.join(path, "saved_model.pb")))):
+        return
+    kind = "a folder that is not a SavedModel" if os.path.isdir(path) else "a file"
+    raise ValueError(f"`path` {path!r} is {kind}; export to a new folder, or to a SavedModel's folder to replace it.")
 
 
 def _move_into_place(source, target):

@@ -286,3 +286,14 @@ def test_saved_model_cli_lists_the_signatures_and_export_is_atomic(tmp_path):
         export(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), target)
     assert sorted(os.listdir(target)) == before
     assert [p for p in os.listdir(target.parent) if p.startswith(".export")] == []
+    # An export replaces a SavedModel or an empty folder, never a file or a folder of other things.
+    (tmp_path / "notes.txt").write_text("keep me")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "data.csv").write_text("keep me too")
+    for other, kind in ((tmp_path / "notes.txt", "a file"), (tmp_path / "work", "a folder that is not a SavedModel")):
+        with pytest.raises(ValueError, match=rf"`path` '.*{other.name}' is {kind}; export to a new folder"):
+            export(model, other)
+    assert (tmp_path / "notes.txt").read_text() == "keep me" and os.listdir(tmp_path / "work") == ["data.csv"]
+    (tmp_path / "empty").mkdir()
+    export(model, tmp_path / "empty")
+    assert "saved_model.pb" in os.listdir(tmp_path / "empty")
