@@ -3,7 +3,8 @@
 A run lives in one folder: `model.keras` (final), `checkpoint.keras` (every
 `checkpoint_every` steps), `backup/` (`BackupAndRestore`: a killed run started
 again with the same folder resumes), `tokenizer/`, `log.csv`, `loss.png` and
-`run.json` (settings and the final evaluation).
+`run.json` (the settings, written first, with which a run resumes; then the
+final evaluation).
 """
 
 import json
@@ -351,6 +352,8 @@ def train(config):
     if config.precision == "bf16":
         keras.config.set_dtype_policy("mixed_bfloat16")
     os.makedirs(config.run_dir, exist_ok=True)
+    _check_resumable(config)
+    _write_run_info(config)
     tokenizer, model, train_data, validation_data, evaluate = build_task(config)
     data.save_tokenizer(tokenizer, os.path.join(config.run_dir, "tokenizer"))
     weighted = config.task != "gpt"
@@ -385,10 +388,46 @@ def train(config):
     )
     save_atomically(model.save, os.path.join(config.run_dir, "model.keras"))
     results = evaluate(model)
-    with open(os.path.join(config.run_dir, "run.json"), "w") as f:
-        json.dump({"config": asdict(config), "evaluation": results}, f, indent=2)
+    _write_run_info(config, results)
     print("evaluation: " + ", ".join(f"{k}={v}" for k, v in results.items()), flush=True)
     return results
+
+
+# Settings a resumed run may change: its length, and how (not what) it computes.
+RESUMABLE_CHANGES = ("steps", "jit_compile", "allocator")
+
+
+def _write_run_info(config, evaluation=None):
+    """`run.json`: the settings (written at the start, so a resumed run can be checked) and the final evaluation."""
+    info = {"config": asdict(config)} if evaluation is None else {"config": asdict(config), "evaluation": evaluation}
+    save_atomically(lambda path: _write_json(info, path), os.path.join(config.run_dir, "run.json"))
+
+
+def _write_json(value, path):
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
+
+
+def _check_resumable(config):
+    """Refuses to resume the backup of `run_dir` with other settings than it was trained with.
+
+    The backup holds that run's weights and optimizer state: another model
+    fails to load them deep in Keras, and another data set, tokenizer or
+    schedule would silently continue a different run.
+    """
+    backup, info_path = os.path.join(config.run_dir, "backup"), os.path.join(config.run_dir, "run.json")
+    if not (os.path.isdir(backup) and os.listdir(backup) and os.path.isfile(info_path)):
+        return  # Nothing to resume.
+    with open(info_path) as f:
+        before = json.load(f)["config"]
+    now = json.loads(json.dumps(asdict(config)))  # As JSON stores it (tuples as lists).
+    changed = [name for name in now if name not in RESUMABLE_CHANGES and before.get(name) != now[name]]
+    if changed:
+        differences = "; ".join(f"{name}: {before.get(name)!r} -> {now[name]!r}" for name in changed)
+        raise ValueError(
+            f"`run_dir` {config.run_dir!r} holds a run trained with other settings ({differences}); resume it with "
+            f"its settings (only {', '.join(RESUMABLE_CHANGES)} may change) or give another `run_dir`."
+        )
 
 
 def load_run(run_dir):

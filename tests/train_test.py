@@ -135,6 +135,15 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path):
     assert 2 <= killed_at < 4, "the run must be killed midway"
     assert not (run_dir / "model.keras").exists()
 
+    # Other settings would continue another run from this one's weights: refused, the backup untouched.
+    other, _ = cli("train", "gpt", "--run-dir", str(run_dir), *TINY, "--batch-size", "4", "--model", "num_heads=2")
+    refused = subprocess.run(other, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert (
+        "holds a run trained with other settings (batch_size: 8 -> 4; overrides: {} -> {'num_heads': 2}); "
+        "resume it with its settings (only steps, jit_compile, allocator may change)"
+    ) in refused.stderr
+    assert json.loads(metadata.read_text())["epoch"] == killed_at
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Epoch {killed_at + 1}/4" in result.stdout and "Epoch 1/4" not in result.stdout
@@ -161,6 +170,13 @@ def test_a_run_killed_while_writing_its_backup_resumes_from_the_one_before(tmp_p
     assert "Epoch 2/2" in result.stdout and "Epoch 1/2" not in result.stdout  # The backup of epoch 1, not a fresh start.
     model, _, _ = load_run(str(run_dir))
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 20
+    # A finished run goes on for more steps.
+    longer, _ = cli("train", "gpt", "--run-dir", str(run_dir), *TINY[:1], "30", *TINY[2:])
+    result = subprocess.run(longer, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Epoch 3/3" in result.stdout and "Epoch 2/3" not in result.stdout
+    model, _, info = load_run(str(run_dir))
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 30 and info["config"]["steps"] == 30
 
 
 def test_saves_replace_a_file_only_once_complete(tmp_path):
