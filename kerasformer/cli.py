@@ -4,6 +4,7 @@
     kerasformer train gpt --model num_layers=4 --model position_type=rotary ...  # any preset argument
     kerasformer generate runs/shakespeare --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8
     kerasformer generate runs/shakespeare --prompt "ROMEO:" --prompt "JULIET:"  # one batch, two texts
+    kerasformer generate runs/bert --prompt "the cat [MASK] on the mat"  # a BERT run fills each [MASK]
     kerasformer export runs/shakespeare saved_models/shakespeare
     kerasformer serve saved_models/shakespeare --port 8501
 """
@@ -49,7 +50,8 @@ def _generate_parser(subparsers):
     parser.add_argument("run_dir", help="the --run-dir of `kerasformer train`, or a .keras file in it (e.g. its checkpoint.keras)")
     parser.add_argument(
         "--prompt", required=True, action="append",
-        help="text to continue (GPT) or to transform (T5, Transformer); repeat it for a batch, printed in order",
+        help="text to continue (GPT), to transform (T5, Transformer) or whose [MASK]s to fill (BERT); repeat it for a"
+        " batch, printed in order",
     )
     parser.add_argument(
         "--max-new-tokens", type=int, default=100,
@@ -83,18 +85,21 @@ def _serve_parser(subparsers):
 
 
 def generate_text(run_dir, prompt, max_new_tokens=100, **options):
-    """Text from a trained run: GPT continues `prompt`; T5/Transformer transform it.
+    """Text from a trained run: GPT continues `prompt`; T5/Transformer transform it; BERT fills its "[MASK]"s.
 
     `prompt` is a string, or a list of them generated as one batch (their
     lengths may differ); the result is a string or a list to match.
     """
     from kerasformer import data
     from kerasformer.generate import generate
-    from kerasformer.models import GPT
+    from kerasformer.models import GPT, BERTMaskedLM
     from kerasformer.train import load_run
 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     model, tokenizer, _ = load_run(run_dir)
+    if isinstance(model, BERTMaskedLM):
+        texts = fill_masks(model, tokenizer, prompts, **options)
+        return texts[0] if isinstance(prompt, str) else texts
     ids = [data.encode(tokenizer, text, what="`prompt`") for text in prompts]
     for text, row in zip(prompts, ids):
         if len(row) == 0:
@@ -117,6 +122,40 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
         new = generate(model, sources, max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)
         texts = [data.decode(tokenizer, [int(t) for t in row if t not in (0, end)]) for row in new]
     return texts[0] if isinstance(prompt, str) else texts
+
+
+def fill_masks(model, tokenizer, prompts, temperature=0.0, top_k=None, top_p=None, seed=None, num_beams=1):
+    """A BERT run's texts with each "[MASK]" replaced by its most likely token (as the export's `fill_mask_text`).
+
+    Each prompt is read as `kerasformer train bert` writes its rows:
+    [CLS] text [SEP], with the [MASK] token's id for each "[MASK]".
+    """
+    import numpy as np
+
+    from kerasformer import data
+
+    if temperature or top_k or top_p is not None or seed is not None or num_beams != 1:
+        raise ValueError(
+            "A BERT run fills each [MASK] with its most likely token: `temperature`, `top_k`, `top_p`, `seed` "
+            "and `num_beams` do not apply."
+        )
+    cls, sep, mask = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
+    rows = []
+    for text in prompts:
+        if data.MASK not in text:
+            raise ValueError(f"`prompt` {text!r} has no {data.MASK} to fill.")
+        pieces = [data.encode(tokenizer, piece, what="`prompt`") for piece in text.split(data.MASK)]
+        ids = [int(t) for piece in pieces[:-1] for t in [*piece, mask]] + [int(t) for t in pieces[-1]]
+        row = [cls, *ids, sep]
+        limit = model.backbone.max_sequence_length
+        if model.backbone.position_type == "learned" and len(row) > limit:
+            raise ValueError(f"`prompt` {text!r} has {len(row)} tokens with [CLS] and [SEP]; this model's learned positions hold at most {limit}.")
+        rows.append(row)
+    token_ids = data.pad_batch(rows)  # (B, T), padded with 0, which BERT masks.
+    logits = model.predict_on_batch({"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids)})  # (B, T, V)
+    filled = np.where(token_ids == mask, np.asarray(logits).argmax(-1), token_ids)
+    # Every token of the row but [CLS] and [SEP]: a mask may be filled with any id, padding's too.
+    return [data.decode(tokenizer, filled[i, 1 : len(row) - 1], until_padding=False) for i, row in enumerate(rows)]
 
 
 def main(argv=None):

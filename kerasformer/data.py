@@ -123,10 +123,10 @@ def encode(tokenizer, texts, what="text"):
     return [np.asarray(row, "int32") for row in ids]
 
 
-def decode(tokenizer, ids):
-    """Text of token ids, cut at the first padding id."""
+def decode(tokenizer, ids, until_padding=True):
+    """Text of token ids, cut at the first padding id (unless `until_padding=False`)."""
     ids = [int(i) for i in ids]
-    if 0 in ids:
+    if until_padding and 0 in ids:
         ids = ids[: ids.index(0)]
     text = tokenizer.detokenize(np.asarray(ids, "int32"))
     text = keras.ops.convert_to_numpy(text) if not isinstance(text, (str, bytes)) else text

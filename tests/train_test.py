@@ -223,7 +223,22 @@ def test_other_tasks_train_and_report_their_score(task, metric, overrides, tmp_p
     loss = model.evaluate(inputs, labels, sample_weight=weights, batch_size=len(labels), verbose=0, return_dict=True)["loss"]
     assert 0 < weights.sum() < weights.size  # Padding / unmasked positions are left out...
     np.testing.assert_allclose(loss, (token_losses * weights).sum() / weights.sum(), rtol=1e-4)  # ...of the mean.
-    if task != "bert":  # A batch of sources of different lengths (padded, masked) gives each one's text alone.
+    if task == "bert":  # `kerasformer generate` fills each [MASK] with the model's most likely token.
+        from kerasformer import data
+
+        tokenizer = data.load_tokenizer(tmp_path / task / "tokenizer")
+        words = [w for w in data.LANGUAGE_WORDS if w.isalpha()][:5]
+        texts = [f"{words[0]} {data.MASK} {words[1]}", f"{data.MASK} {words[2]} {words[3]} {data.MASK} {words[4]}"]
+        cls, sep, mask = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
+        for text, filled in zip(texts, generate_text(str(tmp_path / task), texts)):
+            row = [cls] + [mask if w == data.MASK else tokenizer.token_to_id(w) for w in text.split()] + [sep]
+            logits = keras.ops.convert_to_numpy(model({"token_ids": np.array([row]), "segment_ids": np.zeros((1, len(row)), "int32")}))[0]
+            expected = [tokenizer.id_to_token(int(logits[i].argmax())) if t == mask else w
+                        for i, (t, w) in enumerate(zip(row[1:-1], text.split()), start=1)]
+            assert filled == " ".join(expected)
+        with pytest.raises(ValueError, match=r"`prompt` 'no mask here' has no \[MASK\] to fill"):
+            generate_text(str(tmp_path / task), "no mask here")
+    else:  # A batch of sources of different lengths (padded, masked) gives each one's text alone.
         sources = ["1 2", "3 0 4 7"]  # Digits to number words.
         alone = [generate_text(str(tmp_path / task), source, max_new_tokens=8) for source in sources]
         assert generate_text(str(tmp_path / task), sources, max_new_tokens=8) == alone
