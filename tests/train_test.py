@@ -85,6 +85,28 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
     assert result.stderr.strip().endswith("kerasformer generate: error: `top_p` must be in (0, 1], got 1.5.")
 
 
+def test_a_bf16_run_trains_in_bfloat16_generates_and_exports(tmp_path):
+    from kerasformer.export import export_run
+    from tests.serving.export_test import run_saved_model
+
+    run_dir = tmp_path / "bf16"
+    command, env = cli("train", "gpt", "--run-dir", str(run_dir), *TINY, "--precision", "bf16")
+    result = subprocess.run(command, env=env, capture_output=True, text=True)  # A process of its own: the policy is global.
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    with open(run_dir / "log.csv") as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f)]
+    assert losses[-1] < losses[0]
+    model = load_run(str(run_dir))[0]
+    assert model.blocks[0].dtype_policy.name == "mixed_bfloat16"  # bfloat16 compute...
+    assert {v.dtype for v in model.trainable_variables} == {"float32"}  # ...float32 weights.
+    text = generate_text(str(run_dir), "the cat", max_new_tokens=10)
+    assert text.startswith("the cat") and len(text) > len("the cat")
+    path = export_run(str(run_dir), str(tmp_path / "saved_model"))
+    exported = run_saved_model(path, {"generate_text": {"text": ["the cat"], "max_new_tokens": 10, "temperature": 0.0,
+                                                        "top_k": 0, "top_p": 1.0, "seed": 0}})
+    assert exported["generate_text"]["text"][0].startswith("the cat")
+
+
 def test_train_cli_refuses_a_malformed_model_argument(capsys, tmp_path):
     from kerasformer.cli import main
 

@@ -1,5 +1,6 @@
 """What every model builder shares: its constructor arguments are its config."""
 
+import contextlib
 import inspect
 
 import keras
@@ -71,11 +72,15 @@ class TransformerModel(keras.Model):
             setattr(self, key, value)
 
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable, **self._model_config}
+        # "dtype": the policy it was built under, which its layers took (e.g.
+        # `mixed_bfloat16` in a `--precision bf16` run); it loads under it again.
+        return {"name": self.name, "trainable": self.trainable, "dtype": self.dtype_policy.name, **self._model_config}
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        config = dict(config)
+        with dtype_policy_scope(config.pop("dtype", None)):
+            return cls(**config)
 
 
 class TaskModel(TransformerModel):
@@ -89,8 +94,23 @@ class TaskModel(TransformerModel):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-        return cls(**config)
+        with dtype_policy_scope(config.pop("dtype", None)):
+            config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
+            return cls(**config)
+
+
+@contextlib.contextmanager
+def dtype_policy_scope(name):
+    """Layers built inside take dtype policy `name` (None: the current global one), as a builder's do."""
+    if name is None:
+        yield
+        return
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 def empty_cache(blocks, batch_size, max_length, dtype):

@@ -83,6 +83,30 @@ def test_keras_file_round_trip_gives_identical_outputs(family, tmp_path):
     np.testing.assert_array_equal(to_numpy(restored(inputs)), to_numpy(model(inputs)))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_loads_under_the_dtype_policy_it_was_built_under(family, tmp_path):
+    # Sublayers take the global policy when built: a model of a bf16 run
+    # loaded as float32 before, and generated and exported in float32.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model, inputs, _ = task(family)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    restored = save_and_reload(model, tmp_path)
+    policies = {layer.dtype_policy.name for layer in restored._flatten_layers() if layer.weights}
+    assert policies == {"mixed_bfloat16"}
+    assert {v.dtype for v in restored.weights} == {"float32"}
+    np.testing.assert_array_equal(to_numpy(restored(inputs)), to_numpy(model(inputs)))
+    float32_model = task(family)[0]
+    (tmp_path / "float32").mkdir()
+    keras.config.set_dtype_policy("mixed_bfloat16")  # And a float32 model loads as float32 under another global policy.
+    try:
+        restored = save_and_reload(float32_model, tmp_path / "float32")
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert {layer.dtype_policy.name for layer in restored._flatten_layers() if layer.weights} == {"float32"}
+
+
 def test_bert_masked_lm_round_trip_and_tied_head(tmp_path):
     model = BERTMaskedLM(tiny("bert-tiny"))
     ids = lm_batch(8, 2)
