@@ -157,7 +157,7 @@ def build_signatures(model, tokenizer=None):
         def serving_default(token_ids, padding_mask):
             token_ids, padding_mask = _after(_fits_positions(model, tf.shape(token_ids)[1], "`token_ids`"), token_ids, padding_mask)
             logits, _, _ = model.compute_logits(token_ids, padding_mask=tf.cast(padding_mask, tf.bool))
-            return {"logits": logits}
+            return {"logits": _float32(logits)}
 
         @tf.function(input_signature=[ids("token_ids"), ids("padding_mask"), *sampling_spec])
         def generate(token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
@@ -177,7 +177,7 @@ def build_signatures(model, tokenizer=None):
                 checks, encoder_token_ids, encoder_padding_mask, decoder_token_ids)
             encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
             logits = model({"encoder_token_ids": encoder_token_ids, "decoder_token_ids": decoder_token_ids})
-            return {"logits": logits}
+            return {"logits": _float32(logits)}
 
         @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), *sampling_spec,
                                       scalar(tf.int32, "start_token_id")])
@@ -207,7 +207,7 @@ def build_signatures(model, tokenizer=None):
         @tf.function(input_signature=bert_spec)
         def embed(token_ids, padding_mask, segment_ids):
             outputs = backbone(inputs(token_ids, padding_mask, segment_ids))
-            return {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
+            return {"sequence_output": _float32(outputs["sequence_output"]), "pooled_output": _float32(outputs["pooled_output"])}
 
         signatures["embed"] = embed
         if isinstance(model, BERT):
@@ -216,14 +216,14 @@ def build_signatures(model, tokenizer=None):
 
             @tf.function(input_signature=bert_spec)
             def serving_default(token_ids, padding_mask, segment_ids):
-                return {"logits": model(inputs(token_ids, padding_mask, segment_ids))}
+                return {"logits": _float32(model(inputs(token_ids, padding_mask, segment_ids)))}
 
             signatures["serving_default"] = serving_default
         if isinstance(model, BERTMaskedLM):
 
             @tf.function(input_signature=bert_spec)
             def fill_mask(token_ids, padding_mask, segment_ids):
-                probabilities = tf.nn.softmax(model(inputs(token_ids, padding_mask, segment_ids)), axis=-1)
+                probabilities = tf.nn.softmax(_float32(model(inputs(token_ids, padding_mask, segment_ids))), axis=-1)
                 return {
                     "predicted_ids": tf.argmax(probabilities, axis=-1, output_type=tf.int32),
                     "probabilities": tf.reduce_max(probabilities, axis=-1),
@@ -234,7 +234,7 @@ def build_signatures(model, tokenizer=None):
 
             @tf.function(input_signature=bert_spec)
             def classify(token_ids, padding_mask, segment_ids):
-                probabilities = tf.nn.softmax(model(inputs(token_ids, padding_mask, segment_ids)), axis=-1)
+                probabilities = tf.nn.softmax(_float32(model(inputs(token_ids, padding_mask, segment_ids))), axis=-1)
                 return {"probabilities": probabilities, "class_ids": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
 
             signatures["classify"] = classify
@@ -269,6 +269,14 @@ def _fits_positions(model, length, what):
     if message is None:
         return []
     return [tf.debugging.assert_less_equal(length, model.max_sequence_length, message=message)]
+
+
+def _float32(x):
+    """A model's float output as float32: what a served signature returns whatever the model computes in
+    (a `mixed_bfloat16` model's are bfloat16, which JSON clients and softmax handle worse)."""
+    import tensorflow as tf
+
+    return tf.cast(x, tf.float32)
 
 
 def _after(checks, *tensors):

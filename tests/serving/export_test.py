@@ -297,3 +297,32 @@ def test_saved_model_cli_lists_the_signatures_and_export_is_atomic(tmp_path):
     (tmp_path / "empty").mkdir()
     export(model, tmp_path / "empty")
     assert "saved_model.pb" in os.listdir(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("family", ["gpt", "t5", "bert"])
+def test_a_bf16_model_serves_float32_outputs_close_to_its_own(family, tmp_path):
+    import tensorflow as tf
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        if family == "bert":
+            model = BERTClassifier(from_preset("bert-tiny", vocab_size=VOCAB), num_classes=3)
+        else:
+            model = from_preset(f"{family}2-tiny" if family == "gpt" else "t5-tiny", vocab_size=VOCAB)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    ids = token_ids((2, 6))
+    ones = np.ones_like(ids)
+    inputs = {
+        "gpt": ({"token_ids": ids}, {"token_ids": ids, "padding_mask": ones}),
+        "t5": ({"encoder_token_ids": ids, "decoder_token_ids": ids},
+               {"encoder_token_ids": ids, "encoder_padding_mask": ones, "decoder_token_ids": ids}),
+        "bert": ({"token_ids": ids, "segment_ids": 0 * ids}, {"token_ids": ids, "padding_mask": ones, "segment_ids": 0 * ids}),
+    }[family]
+    expected = to_numpy(model(inputs[0] if family != "gpt" else ids)).astype("float32")
+    path = export(model, tmp_path / family)
+    signatures = tf.saved_model.load(str(path)).signatures
+    for name, function in signatures.items():  # bfloat16 outputs would reach JSON clients and softmax as such.
+        assert {spec.dtype for spec in function.structured_outputs.values()} <= {tf.float32, tf.int32}, name
+    served = run_saved_model(path, {"serving_default": {k: v.tolist() for k, v in inputs[1].items()}})["serving_default"]
+    np.testing.assert_allclose(np.array(served["logits"]), expected, atol=0.05 * np.abs(expected).max())
