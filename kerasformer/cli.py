@@ -91,7 +91,7 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
     lengths may differ); the result is a string or a list to match.
     """
     from kerasformer import data
-    from kerasformer.generate import generate
+    from kerasformer.generate import generate, learned_position_limit, learned_positions_message
     from kerasformer.models import GPT, BERTMaskedLM
     from kerasformer.train import load_run
 
@@ -108,13 +108,11 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
         new = generate(model, ids, max_new_tokens=max_new_tokens, **options)
         texts = [data.continuation(tokenizer, *row) for row in zip(prompts, ids, new)]
     else:
-        if getattr(model, "position_type", None) == "learned":  # A Transformer's table bounds source and output.
-            limit = model.max_sequence_length
+        limit = learned_position_limit(model)  # A Transformer's table bounds source and output.
+        if limit is not None:
             for text, row in zip(prompts, ids):
                 if len(row) > limit:
-                    raise ValueError(
-                        f"`prompt` {text!r} has {len(row)} tokens; this model's learned positions hold at most {limit}."
-                    )
+                    raise ValueError(learned_positions_message(model, f"`prompt` {text!r} ({len(row)} tokens)"))
             # Its decoder cannot write past the table; a trained one ends with [END] before.
             max_new_tokens = min(max_new_tokens, limit)
         start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
@@ -133,6 +131,7 @@ def fill_masks(model, tokenizer, prompts, temperature=0.0, top_k=None, top_p=Non
     import numpy as np
 
     from kerasformer import data
+    from kerasformer.generate import learned_position_limit, learned_positions_message
 
     if temperature or top_k or top_p is not None or seed is not None or num_beams != 1:
         raise ValueError(
@@ -147,9 +146,9 @@ def fill_masks(model, tokenizer, prompts, temperature=0.0, top_k=None, top_p=Non
         pieces = [data.encode(tokenizer, piece, what="`prompt`") for piece in text.split(data.MASK)]
         ids = [int(t) for piece in pieces[:-1] for t in [*piece, mask]] + [int(t) for t in pieces[-1]]
         row = [cls, *ids, sep]
-        limit = model.backbone.max_sequence_length
-        if model.backbone.position_type == "learned" and len(row) > limit:
-            raise ValueError(f"`prompt` {text!r} has {len(row)} tokens with [CLS] and [SEP]; this model's learned positions hold at most {limit}.")
+        limit = learned_position_limit(model.backbone)
+        if limit is not None and len(row) > limit:
+            raise ValueError(learned_positions_message(model.backbone, f"`prompt` {text!r} ({len(row)} tokens with [CLS] and [SEP])"))
         rows.append(row)
     token_ids = data.pad_batch(rows)  # (B, T), padded with 0, which BERT masks.
     logits = model.predict_on_batch({"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids)})  # (B, T, V)

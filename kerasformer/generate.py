@@ -490,11 +490,16 @@ class Generator:
 NO_ROOM = "A GPT with max_sequence_length={} has no room for a prompt and a new token."
 
 
+def learned_position_limit(model):
+    """The length of `model`'s learned position table; None when it has none (nothing to exceed)."""
+    return model.max_sequence_length if getattr(model, "position_type", None) == "learned" else None
+
+
 def learned_positions_message(model, what):
-    """The error for `what` past `model`'s learned position table; None when it has none (nothing to exceed)."""
-    if getattr(model, "position_type", None) != "learned":
+    """The error for `what` past `model`'s learned position table; None when it has none."""
+    limit = learned_position_limit(model)
+    if limit is None:
         return None
-    limit = model.max_sequence_length
     return f"{what} must fit the learned positions: at most {limit} tokens (max_sequence_length={limit})."
 
 

@@ -267,7 +267,7 @@ def test_other_tasks_train_and_report_their_score(task, metric, overrides, tmp_p
     if overrides:  # Learned positions: a table of --sequence-length tokens.
         # The CLI's default of 100 new tokens is capped by the table: the text ends there at the latest.
         assert isinstance(generate_text(str(tmp_path / task), "1 2"), str)
-        with pytest.raises(ValueError, match=r"`prompt` '1 2 3 .*' has 25 tokens; .* at most 24"):
+        with pytest.raises(ValueError, match=r"`prompt` '1 2 3 .*' \(25 tokens\) must fit the learned positions: at most 24 tokens"):
             generate_text(str(tmp_path / task), " ".join("123456789"[i % 9] for i in range(25)))
 
 
