@@ -386,9 +386,7 @@ class Generator:
         model = self.model
 
         if self.kind == "decoder":
-            prompts = _as_rows(inputs, "inputs")
-            if min(len(p) for p in prompts) < 1:
-                raise ValueError("Each prompt in `inputs` needs at least one token.")
+            prompts = _as_rows(inputs, "inputs", model.vocab_size, "prompt")
             total = max(len(p) for p in prompts) + max_new_tokens
             table = model.max_sequence_length  # Its context; learned positions end there.
             if total > table:
@@ -399,16 +397,16 @@ class Generator:
                     )
                 return self._slide(function, prompts, max_new_tokens, table, seed, stop)
             return self._decode(function, prompts, max_new_tokens, total, seed, stop, num_beams, length_penalty)
-        encoder_ids = np.asarray(inputs)
-        if encoder_ids.ndim != 2:
-            raise ValueError(f"`inputs` must be encoder token ids (B, S), got shape {encoder_ids.shape}.")
-        check_token_ids(encoder_ids, model.source_embedding.vocab_size, "inputs")
+        sources = _as_rows(inputs, "inputs", model.source_embedding.vocab_size, "source")
+        # Shorter sources are padded with the pad id, which the encoder masks.
+        encoder_ids = np.full((len(sources), max(len(s) for s in sources)), model.pad_token_id, "int32")
+        for row, source in enumerate(sources):
+            encoder_ids[row, : len(source)] = source
         # The decoder reads its start token and every new token but the last.
         for length, what in ((encoder_ids.shape[1], "`inputs`"), (max_new_tokens, "`max_new_tokens`")):
             message = learned_positions_message(model, what)
             if message and length > model.max_sequence_length:
                 raise ValueError(message)
-        encoder_ids = encoder_ids.astype("int32")
         lengths = np.ones((encoder_ids.shape[0],), "int32")
         token_ids = np.zeros((encoder_ids.shape[0], 1 + max_new_tokens), "int32")
         token_ids[:, 0] = model.pad_token_id if start_token_id is None else start_token_id
@@ -422,7 +420,6 @@ class Generator:
         token_ids = np.zeros((len(prompts), total), "int32")
         for row, prompt in enumerate(prompts):
             token_ids[row, : len(prompt)] = prompt
-        check_token_ids(token_ids, self.model.vocab_size, "inputs")
         lengths = np.array([len(p) for p in prompts], "int32")
         encoder_ids = np.zeros((len(prompts), 1), "int32")  # Unused.
         return self._run(function, encoder_ids, token_ids, lengths, max_new_tokens, seed, stop, num_beams, length_penalty)
@@ -517,15 +514,26 @@ def _best_beams(new, scores, stop, length_penalty):
     return new[np.arange(examples), best]
 
 
-def _as_rows(inputs, name):
-    """Token id prompts as a list of 1-D int arrays (a 2-D array or a list of lists)."""
+def _as_rows(inputs, name, vocab_size, what):
+    """Token id rows (a 2-D array or tensor, or a list of lists) as 1-D int32 arrays, checked.
+
+    The ids are checked in their own dtype, so that floats and ids past int32
+    are refused rather than cast.
+    """
+    if keras.ops.is_tensor(inputs):
+        inputs = keras.ops.convert_to_numpy(inputs)
     if isinstance(inputs, np.ndarray) and inputs.ndim == 2:
-        return list(inputs)
-    if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple, np.ndarray)):
-        return [np.asarray(row, "int32") for row in inputs]
-    if keras.ops.is_tensor(inputs) and len(inputs.shape) == 2:
-        return list(keras.ops.convert_to_numpy(inputs))
-    raise ValueError(f"`{name}` must be a batch of token id prompts: a 2-D array or a list of lists.")
+        rows = list(inputs)
+    elif isinstance(inputs, (list, tuple)) and inputs and all(isinstance(row, (list, tuple, np.ndarray)) for row in inputs):
+        rows = [np.asarray(row) for row in inputs]
+    else:
+        rows = []
+    if not rows or any(row.ndim != 1 for row in rows):
+        raise ValueError(f"`{name}` must be a batch of token id {what}s: a 2-D array or a list of lists.")
+    if any(row.size == 0 for row in rows):
+        raise ValueError(f"Each {what} in `{name}` needs at least one token.")
+    check_token_ids(np.concatenate(rows), vocab_size, name)
+    return [row.astype("int32") for row in rows]
 
 
 def generate(model, inputs, max_new_tokens=32, **options):
@@ -533,8 +541,10 @@ def generate(model, inputs, max_new_tokens=32, **options):
 
     Args:
         model: a `GPT`, `T5` or `Transformer`.
-        inputs: for GPT, prompts: a `(B, T)` array or a list of token id lists
-            of different lengths; for T5/Transformer, encoder token ids `(B, S)`.
+        inputs: a `(B, T)` array or a list of token id lists of different
+            lengths: for GPT, prompts; for T5/Transformer, encoder token ids
+            (shorter sources are padded with the pad id, which the encoder
+            masks).
         max_new_tokens: tokens to generate per example. A GPT generates past
             its context (`max_sequence_length`) in windows, as nanoGPT crops
             its context: a longer prompt counts by its last

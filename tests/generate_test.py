@@ -120,6 +120,18 @@ def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
         assert list(row) == seq2seq_greedy_by_full_passes(model, list(source), 6, start=1)
 
 
+@pytest.mark.parametrize("builder", [T5, Transformer])
+def test_seq2seq_sources_of_different_lengths_equal_each_alone(builder):
+    # A list of sources is padded with the pad id, which the encoder masks:
+    # each row equals greedy full passes over its source alone, unpadded.
+    model = seq2seq(builder)
+    sources = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [15]]
+    out = generate(model, sources, max_new_tokens=5, start_token_id=1)
+    assert out.shape == (3, 5)
+    for source, row in zip(sources, out):
+        assert list(row) == seq2seq_greedy_by_full_passes(model, source, 5, start=1)
+
+
 def test_seq2seq_generation_keeps_to_learned_positions():
     # The decoder reads its start token and every new token but the last: a table of 8 gives 8 new tokens.
     model = seq2seq(Transformer, position_type="learned", max_sequence_length=8)
@@ -211,6 +223,20 @@ def test_bad_arguments_are_named():
         generate(model, [[1, 50]])
     with pytest.raises(ValueError, match="inputs"):
         generate(model, [1, 2, 3])
+    # Ids are checked before any cast: floats are refused, not truncated,
+    # and an int64 id past int32 does not wrap into the vocabulary.
+    for floats in (np.array([[1.0, 2.0]]), [[1, 2.5]]):
+        with pytest.raises(ValueError, match="`inputs` must be integer token ids, got dtype float64"):
+            generate(model, floats)
+    with pytest.raises(ValueError, match="vocab_size=50"):
+        generate(model, np.array([[1, 2**32 + 3]], "int64"))
+    with pytest.raises(ValueError, match="Each prompt in `inputs` needs at least one token"):
+        generate(model, [[1], []])
+    source_model = seq2seq(T5)
+    with pytest.raises(ValueError, match="Each source in `inputs` needs at least one token"):
+        generate(source_model, [[1], []])
+    with pytest.raises(ValueError, match="`inputs` must be integer token ids"):
+        generate(source_model, np.array([[1.5, 2.0]]))
     with pytest.raises(ValueError, match="model"):
         generate(keras.Sequential([keras.layers.Dense(2)]), [[1]])
 
