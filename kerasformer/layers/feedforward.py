@@ -64,6 +64,8 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if intermediate_dim is not None and (not isinstance(intermediate_dim, int) or intermediate_dim < 1):
+            raise ValueError(f"`intermediate_dim` must be a positive int or None (4x the width), got {intermediate_dim!r}.")
         self.activation_name, self.gated = resolve_activation(activation, gated)
         self.activation = activation
         self.intermediate_dim = intermediate_dim

@@ -2,6 +2,7 @@
 
 import contextlib
 import inspect
+import numbers
 
 import keras
 
@@ -32,9 +33,29 @@ def argument_names(cls):
     ]
 
 
+# Arguments that count something: each a positive int, or None for its default.
+SIZE_ARGUMENTS = (
+    "vocab_size", "target_vocab_size", "num_layers", "num_decoder_layers", "num_heads", "num_key_value_heads",
+    "hidden_dim", "intermediate_dim", "head_dim", "max_sequence_length", "num_segments", "num_classes",
+    "relative_attention_num_buckets", "relative_attention_max_distance",
+)
+
+
 def constructor_arguments(frame_locals, cls):
-    """The named arguments of `cls.__init__` as they were passed."""
-    return {name: frame_locals[name] for name in argument_names(cls)}
+    """The named arguments of `cls.__init__` as they were passed, their sizes checked.
+
+    Keras would take a size of 0 or -1 (a model with no blocks, an empty
+    vocabulary) or fail far from the argument (a shape error for "16").
+    """
+    arguments = {name: frame_locals[name] for name in argument_names(cls)}
+    for name in SIZE_ARGUMENTS:
+        value = arguments.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"{cls.__name__}'s `{name}` must be a positive int, got {value!r}.")
+    pad_token_id, vocab_size = arguments.get("pad_token_id"), arguments.get("vocab_size")
+    if pad_token_id is not None and not (isinstance(pad_token_id, numbers.Integral) and 0 <= pad_token_id < vocab_size):
+        raise ValueError(f"{cls.__name__}'s `pad_token_id` must be a token id in [0, {vocab_size}), got {pad_token_id!r}.")
+    return arguments
 
 
 # What a builder's `**kwargs` pass on to `keras.Model` (its config round-trips them).

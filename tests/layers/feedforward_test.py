@@ -50,6 +50,8 @@ def test_inner_width_defaults_to_four_times_the_model_width():
 def test_unknown_activation_names_the_argument():
     with pytest.raises(ValueError, match="activation"):
         FeedForward(activation="tanhh")
+    with pytest.raises(ValueError, match="`intermediate_dim` must be a positive int or None"):
+        FeedForward(intermediate_dim=0)
 
 
 def test_config_and_keras_file_round_trip(tmp_path):

@@ -189,6 +189,30 @@ def test_bad_arguments_are_named():
     assert "gpt2-small" in preset_names()
 
 
+@pytest.mark.parametrize("builder, arguments, name, value", [
+    (GPT, {}, "vocab_size", 0),
+    (GPT, {}, "num_layers", -1),  # Keras would build a model with no blocks.
+    (GPT, {}, "hidden_dim", "32"),
+    (GPT, {}, "intermediate_dim", 0),  # Keras would build a feed-forward of width 0.
+    (GPT, {}, "max_sequence_length", 12.5),
+    (BERT, {}, "num_segments", 0),
+    (T5, {"intermediate_dim": 64}, "num_decoder_layers", 0),
+    (T5, {"intermediate_dim": 64}, "relative_attention_num_buckets", True),
+    (Transformer, {"intermediate_dim": 64}, "target_vocab_size", -5),
+])
+def test_sizes_must_be_positive_ints(builder, arguments, name, value):
+    base = dict(vocab_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=32, **arguments)
+    with pytest.raises(ValueError, match=f"{builder.__name__}'s `{name}` must be a positive int, got {value!r}"):
+        builder(**{**base, name: value})
+
+
+def test_pad_token_id_must_be_in_the_vocabulary():
+    with pytest.raises(ValueError, match=f"BERT's `pad_token_id` must be a token id in \\[0, {VOCAB}\\), got {VOCAB}"):
+        BERT(VOCAB, 1, 2, 32, pad_token_id=VOCAB)
+    with pytest.raises(ValueError, match="T5's `pad_token_id` must be a token id"):
+        T5(VOCAB, 1, 2, 32, 64, pad_token_id=-1)
+
+
 @pytest.mark.parametrize("version", ["v1.0", "v1.1"])
 def test_t5_initializes_as_transformers_does(version):
     """Each T5 weight role starts with the spread of `transformers`' own init.
