@@ -76,12 +76,18 @@ def _export_parser(subparsers):
 
 
 def _serve_parser(subparsers):
+    from kerasformer.serve import DEFAULT_MAX_ANSWER_VALUES, DEFAULT_MAX_TOKENS
+
     parser = subparsers.add_parser("serve", help="serve a SavedModel over TF Serving's REST API")
     parser.add_argument("saved_model", help="a folder written by `kerasformer export`")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8501, help="(default: %(default)s, TF Serving's REST port)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the folder name)")
     parser.add_argument("--workers", type=int, default=4, help="requests served at once (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help="the most tokens in a request, rows x (longest input + new tokens); more get 413 (default: %(default)s)")
+    parser.add_argument("--max-answer-values", type=int, default=DEFAULT_MAX_ANSWER_VALUES,
+                        help="the most numbers in an answer (logits are rows x tokens x vocabulary); more get 413 (default: %(default)s)")
 
 
 def generate_text(run_dir, prompt, max_new_tokens=100, **options):
@@ -192,7 +198,8 @@ def _run(args):
     elif args.command == "serve":
         from kerasformer.serve import serve
 
-        serve(args.saved_model, host=args.host, port=args.port, name=args.name, workers=args.workers)
+        serve(args.saved_model, host=args.host, port=args.port, name=args.name, workers=args.workers,
+              max_tokens=args.max_tokens, max_answer_values=args.max_answer_values)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ for columns, `{"error": "..."}` with a 4xx status for a bad request. A client
 written for TF Serving works unchanged, and the same folder can be served by
 `tensorflow_model_server` in production. Requests run on a bounded thread
 pool; SIGTERM stops the server cleanly. Only TensorFlow is needed here.
+A request of more tokens than `max_tokens`, or whose answer would hold more
+numbers than `max_answer_values`, gets 413 before it runs: no request can
+exhaust the server's memory.
 
 Unlike TF Serving, which needs every input, this server fills in what a
 request leaves out where the default is plain: the generation options from
@@ -33,6 +36,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# A request's work is bounded so that no request can exhaust the server's
+# memory (the OS would kill it): its tokens, rows x (longest input + new
+# tokens), bound activations and caches; its answer's numbers bound the
+# logits and their JSON (~30 bytes a number while written). Attention scores
+# grow with the square of a row: a model without a learned position table
+# (T5, rotary) serving long rows may want a lower `max_tokens`.
+DEFAULT_MAX_TOKENS = 16384
+DEFAULT_MAX_ANSWER_VALUES = 2**25
 # List inputs that are one option of the whole request, not a value per row; empty is a choice (no stop token).
 REQUEST_LISTS = ("stop_token_ids",)
 _DTYPE_NAMES = {"int32": "DT_INT32", "int64": "DT_INT64", "float32": "DT_FLOAT", "string": "DT_STRING", "bool": "DT_BOOL"}
@@ -49,8 +60,13 @@ class RequestError(ValueError):
 class ServedModel:
     """A loaded SavedModel, its signatures, and request validation."""
 
-    def __init__(self, path, name=None):
+    def __init__(self, path, name=None, max_tokens=DEFAULT_MAX_TOKENS, max_answer_values=DEFAULT_MAX_ANSWER_VALUES):
         import tensorflow as tf
+
+        for what, value in (("max_tokens", max_tokens), ("max_answer_values", max_answer_values)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{what}` must be a positive int, got {value!r}.")
+        self.max_tokens, self.max_answer_values = max_tokens, max_answer_values
 
         try:  # WordPiece / SentencePiece ops used by text signatures.
             import tensorflow_text  # noqa: F401
@@ -140,12 +156,36 @@ class ServedModel:
             else:  # A padding mask of ones (no padding), segment ids of zeros, shaped as the ids.
                 fill = self.tf.ones_like if name.endswith("padding_mask") else self.tf.zeros_like
                 tensors[name] = fill(tensors[_like(name)])
+        self._check_size(function, tensors)
         outputs = {k: v.numpy() for k, v in function(**tensors).items()}
         if rows:
             return {"predictions": _rows(outputs)}
         if len(outputs) == 1:
             return {"outputs": _jsonable(next(iter(outputs.values())))}
         return {"outputs": {k: _jsonable(v) for k, v in outputs.items()}}
+
+    def _check_size(self, function, tensors):
+        """Refuses (413) a request past `max_tokens` or whose answer would pass `max_answer_values`."""
+        rows, length = 0, 0  # length: the tokens of a row, summed over its inputs (encoder + decoder)
+        for name, tensor in tensors.items():
+            if tensor.dtype == self.tf.string and tensor.shape.rank == 1:  # A text has at most a token per byte (+ [CLS], [SEP]).
+                texts = tensor.numpy()
+                rows, length = max(rows, len(texts)), length + max((len(t) for t in texts), default=0) + 2
+            elif name.endswith("token_ids") and tensor.shape.rank == 2:
+                rows, length = max(rows, tensor.shape[0]), length + tensor.shape[1]
+        new = int(tensors["max_new_tokens"]) if "max_new_tokens" in tensors else 0
+        tokens = rows * (length + new)
+        if tokens > self.max_tokens:
+            raise RequestError(
+                f"The request holds {rows} rows of up to {length} tokens{f' + {new} new' if new else ''}, "
+                f"{tokens} tokens; this server takes at most {self.max_tokens} (`--max-tokens`).", 413)
+        for name, spec in function.structured_outputs.items():
+            # Unknown dimensions: rows first, then the tokens of a row.
+            shape = [rows if i == 0 else (length + new if d is None else d) for i, d in enumerate(spec.shape.as_list())]
+            if int(np.prod(shape)) > self.max_answer_values:
+                raise RequestError(
+                    f"The answer's {name!r} would hold {int(np.prod(shape))} numbers (shape {tuple(shape)}); this server "
+                    f"sends at most {self.max_answer_values} (`--max-answer-values`). Ask for fewer rows or tokens.", 413)
 
     def _columns_from_instances(self, instances, specs):
         if not isinstance(instances, list) or not instances:
@@ -365,11 +405,16 @@ class PooledHTTPServer(HTTPServer):
         self.pool.shutdown(wait=True)
 
 
-def serve(path, host="127.0.0.1", port=8501, name=None, workers=4, ready=None):
-    """Serves the SavedModel at `path` until SIGTERM or SIGINT."""
+def serve(path, host="127.0.0.1", port=8501, name=None, workers=4, ready=None,
+          max_tokens=DEFAULT_MAX_TOKENS, max_answer_values=DEFAULT_MAX_ANSWER_VALUES):
+    """Serves the SavedModel at `path` until SIGTERM or SIGINT.
+
+    `max_tokens` bounds a request's rows x (longest input + new tokens), and
+    `max_answer_values` the numbers of its answer; larger requests get 413.
+    """
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"`workers` must be a positive number of requests served at once, got {workers!r}.")
-    model = ServedModel(path, name)
+    model = ServedModel(path, name, max_tokens, max_answer_values)
     server = PooledHTTPServer((host, port), model, workers)
 
     def stop(signum, frame):

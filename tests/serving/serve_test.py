@@ -16,6 +16,7 @@ from kerasformer import data
 from kerasformer.export import export
 from kerasformer.generate import generate
 from kerasformer.models import from_preset
+from kerasformer.serve import RequestError, ServedModel
 from tests.conftest import to_numpy
 
 
@@ -36,10 +37,15 @@ def call(port, method, path, body=None, raw=None, headers=None):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def exported(tmp_path_factory):
     tokenizer = data.train_tokenizer("char", ["abcdefghij"])
     model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
-    path = export(model, tmp_path_factory.mktemp("saved_models") / "tiny", tokenizer=tokenizer)
+    return model, export(model, tmp_path_factory.mktemp("saved_models") / "tiny", tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(exported):
+    model, path = exported
     port = free_port()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     process = subprocess.Popen(
@@ -192,6 +198,29 @@ def test_requests_the_graph_refuses_get_its_message(server, name, request_body, 
     status, body = call(port, "POST", "/v1/models/tiny:predict", request_body)
     assert (status, body) == (400, {"error": message}), name
     assert process.poll() is None and good_request_succeeds(port)
+
+
+def test_requests_past_the_size_limits_get_413(server, exported):
+    # No request may exhaust the server's memory: 200 rows x (100 + 32 new) tokens pass the default 16384.
+    port, _, process = server
+    status, body = call(port, "POST", "/v1/models/tiny:predict", {
+        "signature_name": "generate", "inputs": {"token_ids": [[5] * 100] * 200, "max_new_tokens": 32}})
+    assert (status, body) == (413, {"error": (
+        "The request holds 200 rows of up to 100 tokens + 32 new, 26400 tokens; "
+        "this server takes at most 16384 (`--max-tokens`).")})
+    assert process.poll() is None and good_request_succeeds(port)
+    # A text counts a token per byte (an upper bound for every tokenizer), plus two.
+    served = ServedModel(exported[1], max_tokens=100, max_answer_values=5000)
+    with pytest.raises(RequestError, match="3 rows of up to 32 tokens \\+ 2 new, 102 tokens; .* at most 100") as error:
+        served.predict({"signature_name": "generate_text", "inputs": {"text": ["abc", "a" * 30, "b"], "max_new_tokens": 2}})
+    assert error.value.status == 413
+    # Logits are rows x tokens x vocabulary: 3 x 16 x 107 numbers, past 5000.
+    vocab = exported[0].vocab_size
+    with pytest.raises(RequestError, match=f"'logits' would hold {3 * 16 * vocab} numbers \\(shape \\(3, 16, {vocab}\\)\\)"):
+        served.predict({"inputs": {"token_ids": [[5] * 16] * 3}})
+    assert np.asarray(served.predict({"inputs": {"token_ids": [[5] * 16] * 2}})["outputs"]).shape == (2, 16, vocab)
+    with pytest.raises(ValueError, match="`max_tokens` must be a positive int, got 0"):
+        ServedModel(exported[1], max_tokens=0)
 
 
 def test_unknown_paths_and_methods(server):
