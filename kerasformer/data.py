@@ -7,6 +7,7 @@ alike. Tokenizers come from KerasHub; nothing is downloaded.
 
 import math
 import os
+import re
 
 import keras
 import numpy as np
@@ -33,6 +34,8 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
     import keras_hub
     import tensorflow as tf  # KerasHub's vocabulary tools read tf.data (a list means file names).
 
+    if isinstance(texts, (str, bytes)):  # Would be read a character at a time.
+        raise ValueError(f"`texts` must be a list of strings, got a single {type(texts).__name__}; pass [text].")
     if kind == "char":
         largest = max(max(map(ord, text), default=0) for text in texts)
         return keras_hub.tokenizers.UnicodeCodepointTokenizer(
@@ -55,6 +58,14 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
                 tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000,
                 model_type="bpe" if kind == "bpe" else "unigram",
             )  # KerasHub reserves id 0 for <pad>, 1 <unk>, 2 <s>, 3 </s>.
+        except RuntimeError as error:  # The trainer's own words: "... Please set it to a value <= 1479."
+            most = re.search(r"value <= (\d+)", str(error))
+            if most is None:
+                raise
+            raise ValueError(
+                f"`vocabulary_size` {vocabulary_size or 8000} is more than a {kind} vocabulary these texts can give; "
+                f"at most {most.group(1)}."
+            ) from None
         finally:
             sentencepiece.set_min_log_level(0)  # SentencePiece's default.
         return keras_hub.tokenizers.SentencePieceTokenizer(proto=proto, dtype="int32")
@@ -257,6 +268,8 @@ def pack(documents, length, separator_id=None):
     Documents are concatenated (with `separator_id` between them, if given)
     and cut into rows; the remainder shorter than a row is dropped.
     """
+    if not isinstance(length, (int, np.integer)) or length < 1:
+        raise ValueError(f"`length` must be a positive int, got {length!r}.")
     pieces = []
     for document in documents:
         pieces.append(np.asarray(document, "int32"))
@@ -285,6 +298,8 @@ def mask_tokens(token_ids, mask_token_id, vocab_size, rate=0.15, special_ids=(0,
         `(inputs, labels, weights)`: masked ids, the original ids, and 1.0 at
         the chosen positions (use as `sample_weight`).
     """
+    if not 0 < rate <= 1:
+        raise ValueError(f"`rate` must be in (0, 1], got {rate!r}.")
     rng = np.random.default_rng(seed)
     token_ids = np.asarray(token_ids)
     candidates = ~np.isin(token_ids, np.asarray(special_ids))
@@ -421,5 +436,7 @@ class ArrayBatches(_Batches):
 
 def split(items, validation_fraction=0.1):
     """First `1 - fraction` for training, the rest for validation (nanoGPT's 90/10)."""
+    if not 0 <= validation_fraction < 1:
+        raise ValueError(f"`validation_fraction` must be in [0, 1), got {validation_fraction!r}: training needs items.")
     cut = int(math.floor(len(items) * (1 - validation_fraction)))
     return items[:cut], items[cut:]

@@ -121,6 +121,24 @@ def test_mask_tokens_follows_bert_80_10_10():
     assert np.all(inputs[~chosen] == ids[~chosen])
 
 
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="`length` must be a positive int, got 0"):
+        data.pack([[1, 2]], length=0)
+    with pytest.raises(ValueError, match="`rate` must be in \\(0, 1\\], got 1.5"):
+        data.mask_tokens(np.ones((2, 4), "int32"), mask_token_id=3, vocab_size=10, rate=1.5)
+    with pytest.raises(ValueError, match="`validation_fraction` must be in \\[0, 1\\), got 1.0"):
+        data.split(list(range(10)), validation_fraction=1.0)
+    with pytest.raises(ValueError, match="`texts` must be a list of strings, got a single str"):
+        data.train_tokenizer("wordpiece", "one text")
+
+
+@pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
+def test_a_vocabulary_larger_than_the_texts_give_is_named(kind):
+    # SentencePiece's trainer raises a RuntimeError from its C++ core.
+    with pytest.raises(ValueError, match=f"`vocabulary_size` 500 is more than a {kind} vocabulary these texts can give; at most \\d+"):
+        data.train_tokenizer(kind, ["to be or not to be"], vocabulary_size=500)
+
+
 def test_seq2seq_arrays_shift_targets_for_teacher_forcing():
     inputs, labels, weights = data.seq2seq_arrays([[10, 11, 12], [13]], [[20, 21], [22, 23, 24]], start_id=5, end_id=6)
     np.testing.assert_array_equal(inputs["encoder_token_ids"], [[10, 11, 12], [13, 0, 0]])
