@@ -13,8 +13,8 @@ written for TF Serving works unchanged, and the same folder can be served by
 `tensorflow_model_server` in production. Requests run on a bounded thread
 pool; SIGTERM stops the server cleanly. Only TensorFlow is needed here.
 A request of more tokens than `max_tokens`, or whose answer would hold more
-numbers than `max_answer_values`, gets 413 before it runs: no request can
-exhaust the server's memory.
+numbers than `max_answer_values`, gets 413 before it runs, so that one
+request cannot take all the server's memory.
 
 Unlike TF Serving, which needs every input, this server fills in what a
 request leaves out where the default is plain: the generation options from
