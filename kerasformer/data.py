@@ -12,6 +12,8 @@ import re
 import keras
 import numpy as np
 
+from kerasformer.checks import check_positive_int
+
 PAD, UNK, CLS, SEP, MASK, START, END = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, START, END]  # Ids 0..6 in every word vocabulary.
 TOKENIZER_KINDS = ("char", "byte", "bpe", "wordpiece", "sentencepiece")
@@ -268,8 +270,7 @@ def pack(documents, length, separator_id=None):
     Documents are concatenated (with `separator_id` between them, if given)
     and cut into rows; the remainder shorter than a row is dropped.
     """
-    if not isinstance(length, (int, np.integer)) or length < 1:
-        raise ValueError(f"`length` must be a positive int, got {length!r}.")
+    check_positive_int("length", length)
     pieces = []
     for document in documents:
         pieces.append(np.asarray(document, "int32"))

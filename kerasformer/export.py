@@ -461,8 +461,9 @@ def _text_signatures(model, tokenizer, signatures):
         def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
             token_ids, mask = tokenize(text)
             token_ids, mask = _after(_fits_positions(model, tf.shape(token_ids)[1], "Each `text`"), token_ids, mask)
-            if learned_position_limit(model) is not None:  # As `kerasformer generate`: the text ends by the table's end.
-                max_new_tokens = tf.minimum(max_new_tokens, learned_position_limit(model))
+            limit = learned_position_limit(model)
+            if limit is not None:  # As `kerasformer generate`: the text ends by the table's end.
+                max_new_tokens = tf.minimum(max_new_tokens, limit)
             # The loop ends once every row has its end token.
             new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, [end], start)["generated_ids"]
             return {"text": tokenizer.detokenize(before_first(tf.where(tf.equal(new, end), 0, new), 0))}  # Up to end or pad.

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from kerasformer.checks import check_positive_int
 from kerasformer.layers.embedding import check_token_ids
 
 
@@ -356,10 +357,8 @@ class Generator:
         length_penalty=1.0,
     ):
         """See `generate`."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"`max_new_tokens` must be a positive int, got {max_new_tokens!r}.")
-        if not isinstance(num_beams, int) or num_beams < 1:
-            raise ValueError(f"`num_beams` must be a positive int, got {num_beams!r}.")
+        check_positive_int("max_new_tokens", max_new_tokens)
+        check_positive_int("num_beams", num_beams)
         if num_beams > 1 and (temperature or top_k or top_p not in (None, 1.0)):
             raise ValueError(
                 "Beam search is deterministic: with `num_beams` > 1 leave `temperature` at 0 "

@@ -35,6 +35,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import numpy as np
 
+from kerasformer.checks import check_positive_int
+
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # A request's work is bounded so that no request can exhaust the server's
 # memory (the OS would kill it): its tokens, rows x (longest input + new
@@ -63,9 +65,8 @@ class ServedModel:
     def __init__(self, path, name=None, max_tokens=DEFAULT_MAX_TOKENS, max_answer_values=DEFAULT_MAX_ANSWER_VALUES):
         import tensorflow as tf
 
-        for what, value in (("max_tokens", max_tokens), ("max_answer_values", max_answer_values)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{what}` must be a positive int, got {value!r}.")
+        check_positive_int("max_tokens", max_tokens)
+        check_positive_int("max_answer_values", max_answer_values)
         self.max_tokens, self.max_answer_values = max_tokens, max_answer_values
 
         try:  # WordPiece / SentencePiece ops used by text signatures.

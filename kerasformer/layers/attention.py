@@ -20,6 +20,7 @@ import math
 import keras
 from keras import ops
 
+from kerasformer.checks import check_positive_int
 from kerasformer.layers.linear import linear
 from kerasformer.layers.positions import RotaryEmbedding
 
@@ -262,8 +263,7 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"`num_heads` must be a positive int, got {num_heads!r}.")
+        check_positive_int("num_heads", num_heads)
         num_key_value_heads = num_key_value_heads or num_heads
         if num_heads % num_key_value_heads:
             raise ValueError(

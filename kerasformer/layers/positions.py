@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from kerasformer.checks import check_positive_int
+
 
 def _static_length(tensor, axis=1):
     """The length along `axis` if known when tracing, else None."""
@@ -90,10 +92,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(sequence_length, int) or sequence_length < 1:
-            raise ValueError(
-                f"`sequence_length` must be a positive int, got {sequence_length!r}."
-            )
+        check_positive_int("sequence_length", sequence_length)
         self.sequence_length = sequence_length
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True

@@ -6,6 +6,8 @@ import numbers
 
 import keras
 
+from kerasformer.checks import check_positive_int
+
 
 def position_layer(position_type, max_sequence_length, initializer="glorot_uniform"):
     """The layer adding positions to embeddings: learned, sinusoidal, or None
@@ -49,9 +51,8 @@ def constructor_arguments(frame_locals, cls):
     """
     arguments = {name: frame_locals[name] for name in argument_names(cls)}
     for name in SIZE_ARGUMENTS:
-        value = arguments.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-            raise ValueError(f"{cls.__name__}'s `{name}` must be a positive int, got {value!r}.")
+        if arguments.get(name) is not None:
+            check_positive_int(name, arguments[name], owner=f"{cls.__name__}'s ")
     pad_token_id, vocab_size = arguments.get("pad_token_id"), arguments.get("vocab_size")
     if pad_token_id is not None and not (isinstance(pad_token_id, numbers.Integral) and 0 <= pad_token_id < vocab_size):
         raise ValueError(f"{cls.__name__}'s `pad_token_id` must be a token id in [0, {vocab_size}), got {pad_token_id!r}.")
