@@ -123,7 +123,7 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
             max_new_tokens = min(max_new_tokens, limit)
         start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
         new = generate(model, ids, max_new_tokens=max_new_tokens, stop_token_ids=[end], start_token_id=start, **options)
-        texts = [data.decode(tokenizer, [int(t) for t in row if t not in (0, end)]) for row in new]
+        texts = [data.decode_target(tokenizer, row) for row in new]
     return texts[0] if isinstance(prompt, str) else texts
 
 

@@ -148,6 +148,21 @@ def decode(tokenizer, ids, until_padding=True):
     return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
 
 
+# Ids a seq2seq target's text leaves out: they steer the model, they are not
+# words (as KerasHub's Seq2SeqLM and `transformers`' skip_special_tokens);
+# [UNK] stays, as it stands for words of the text.
+CONTROL_TOKENS = [PAD, CLS, SEP, MASK, START, END]
+
+
+def decode_target(tokenizer, ids):
+    """Text of a generated seq2seq target: up to its first [END] or padding, without control tokens."""
+    ids = [int(i) for i in ids]
+    end, pad = SPECIAL_TOKENS.index(END), SPECIAL_TOKENS.index(PAD)
+    ids = ids[: next((i for i, t in enumerate(ids) if t in (end, pad)), len(ids))]
+    control = {SPECIAL_TOKENS.index(t) for t in CONTROL_TOKENS}
+    return decode(tokenizer, [t for t in ids if t not in control])
+
+
 def continuation(tokenizer, prompt, prompt_ids, new_ids):
     """`prompt` followed by the text of `new_ids`, spaced as the tokenizer joins them.
 

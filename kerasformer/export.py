@@ -466,7 +466,10 @@ def _text_signatures(model, tokenizer, signatures):
                 max_new_tokens = tf.minimum(max_new_tokens, limit)
             # The loop ends once every row has its end token.
             new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, [end], start)["generated_ids"]
-            return {"text": tokenizer.detokenize(before_first(tf.where(tf.equal(new, end), 0, new), 0))}  # Up to end or pad.
+            new = before_first(tf.where(tf.equal(new, end), 0, new), 0)  # (B, None) up to end or pad.
+            control = tf.constant([data.SPECIAL_TOKENS.index(t) for t in data.CONTROL_TOKENS], new.dtype)
+            words = tf.ragged.map_flat_values(lambda ids: tf.reduce_all(tf.not_equal(ids[:, None], control), axis=1), new)
+            return {"text": tokenizer.detokenize(tf.ragged.boolean_mask(new, words))}  # As `data.decode_target`.
 
         out["generate_text"] = generate_text
     elif isinstance(model, (BERTMaskedLM, BERTClassifier)):

@@ -90,6 +90,16 @@ def test_continuation_keeps_the_prompt_and_spaces_the_new_words(kind):
     assert data.continuation(tokenizer, prompt, data.encode(tokenizer, prompt), []) == "the cat"
 
 
+def test_decode_target_ends_at_end_or_padding_and_leaves_out_control_tokens():
+    tokenizer = data.word_tokenizer("five four two".split())
+    pad, unk, cls, sep, mask, start, end = range(7)  # The special tokens' ids, in order.
+    five, four, two = (int(data.encode(tokenizer, w)[0]) for w in ["five", "four", "two"])
+    assert data.decode_target(tokenizer, [start, five, cls, four, sep, mask, unk, end, two]) == "five four [UNK]"
+    assert data.decode_target(tokenizer, [five, pad, four]) == "five"
+    assert data.decode_target(tokenizer, [five, two]) == "five two"
+    assert data.decode_target(tokenizer, [end, five]) == ""
+
+
 def test_byte_pair_tokenizer_from_vocabulary_and_merges(tmp_path):
     vocabulary = {"<pad>": 0, "a": 1, "b": 2, "c": 3, "ab": 4, "abc": 5, "Ġ": 6, "Ġab": 7}
     merges = ["a b", "ab c", "Ġ ab"]

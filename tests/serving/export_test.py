@@ -201,24 +201,26 @@ def test_t5_export_matches_logits_and_greedy_generation(tmp_path):
     np.testing.assert_array_equal(np.array(results["generate"]["generated_ids"]), generate(model, encoder, max_new_tokens=5, start_token_id=1))
 
 
-def test_seq2seq_generate_text_stops_at_the_end_token(tmp_path):
-    # As `kerasformer generate` reads a seq2seq run: decoding starts at [START] and the text ends at [END].
+def test_seq2seq_generate_text_stops_at_the_end_token_and_leaves_out_control_tokens(tmp_path):
+    # As `kerasformer generate` reads a seq2seq run: decoding starts at [START], the text ends at [END]
+    # and control tokens the model writes ([CLS], [SEP], [MASK], [START]) are not words of it.
     words = "one two three four five six".split()
     tokenizer = data.word_tokenizer(words)
     model = from_preset("t5-tiny", vocab_size=int(tokenizer.vocabulary_size()))
-    start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
+    cls, start, end = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.START, data.END))
+    five, four = (int(data.encode(tokenizer, w)[0]) for w in ["five", "four"])
     sources = [data.encode(tokenizer, text) for text in ["one two", "three four five", "six", "two one"] * 4]
-    inputs, labels, weights = data.seq2seq_arrays(sources, [data.encode(tokenizer, "five four")] * 16, start, end)
+    inputs, labels, weights = data.seq2seq_arrays(sources, [[five, cls, four, start]] * 16, start, end)
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(inputs, labels, sample_weight=weights, epochs=30, batch_size=16, verbose=0)  # Learns "five four [END]".
+    model.fit(inputs, labels, sample_weight=weights, epochs=40, batch_size=16, verbose=0)  # Learns "five [CLS] four [START] [END]".
     path = export(model, tmp_path / "t5_text", tokenizer=tokenizer)
     texts = ["one two", "six"]
-    new = generate(model, data.pad_batch([data.encode(tokenizer, t) for t in texts]), max_new_tokens=6,
+    new = generate(model, data.pad_batch([data.encode(tokenizer, t) for t in texts]), max_new_tokens=8,
                    stop_token_ids=[end], start_token_id=start)
-    assert (new == end).any(axis=1).all(), new  # Each row ends, so the text stops at its end token.
-    expected = [data.decode(tokenizer, [int(t) for t in row if t not in (0, end)]) for row in new]
-    results = run_saved_model(path, {"generate_text": {"text": texts, "max_new_tokens": 6, **{k: v for k, v in GREEDY.items() if k != "stop_token_ids"}}})
-    assert results["generate_text"]["text"] == expected
+    np.testing.assert_array_equal(new[:, :5], [[five, cls, four, start, end]] * 2)  # Then padding.
+    results = run_saved_model(path, {"generate_text": {"text": texts, "max_new_tokens": 8, **{k: v for k, v in GREEDY.items() if k != "stop_token_ids"}}})
+    assert results["generate_text"]["text"] == ["five four", "five four"]
+    assert [data.decode_target(tokenizer, row) for row in new] == ["five four", "five four"]
 
 
 def test_fill_mask_text_fills_each_mask_of_a_bert_row(tmp_path):
