@@ -97,6 +97,17 @@ def test_llama_checkpoint_folder_round_trip(tmp_path):
     np.testing.assert_allclose(lm_logits(reloaded, ids), lm_logits(hf, ids), atol=1e-6)
 
 
+def test_sharded_bfloat16_checkpoint_folder(tmp_path):
+    # As most LLaMA-family checkpoints are published: bfloat16 weights in several safetensors shards.
+    hf = tiny_llama().to(torch.bfloat16)
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
+    assert len(list((tmp_path / "hf").glob("*.safetensors"))) > 1
+    model = from_huggingface(tmp_path / "hf")
+    reference = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    ids = token_ids(89, (2, 9))
+    np.testing.assert_allclose(to_numpy(model(ids)), lm_logits(reference, ids), atol=ATOL)
+
+
 def test_llama_options_without_counterpart_are_refused():
     with pytest.raises(ValueError, match="rope_scaling"):
         from_huggingface(tiny_llama(rope_scaling={"rope_type": "linear", "factor": 2.0}))
