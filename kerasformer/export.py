@@ -466,10 +466,11 @@ def _text_signatures(model, tokenizer, signatures):
                 max_new_tokens = tf.minimum(max_new_tokens, limit)
             # The loop ends once every row has its end token.
             new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, [end], start)["generated_ids"]
-            new = before_first(tf.where(tf.equal(new, end), 0, new), 0)  # (B, None) up to end or pad.
+            # As `data.decode_target`: up to the first end or pad id, without control tokens.
             control = tf.constant([data.SPECIAL_TOKENS.index(t) for t in data.CONTROL_TOKENS], new.dtype)
-            words = tf.ragged.map_flat_values(lambda ids: tf.reduce_all(tf.not_equal(ids[:, None], control), axis=1), new)
-            return {"text": tokenizer.detokenize(tf.ragged.boolean_mask(new, words))}  # As `data.decode_target`.
+            ended = tf.cumsum(tf.cast(tf.equal(new, end) | tf.equal(new, 0), tf.int32), axis=1) > 0  # (B, T)
+            is_control = tf.reduce_any(tf.equal(new[:, :, None], control), axis=-1)  # (B, T)
+            return {"text": tokenizer.detokenize(tf.ragged.boolean_mask(new, ~ended & ~is_control))}
 
         out["generate_text"] = generate_text
     elif isinstance(model, (BERTMaskedLM, BERTClassifier)):
