@@ -10,7 +10,9 @@ final evaluation).
 import json
 import math
 import os
+import re
 import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import keras
@@ -75,7 +77,7 @@ class TrainConfig:
 
 
 def make_optimizer(model, config):
-    """AdamW with linear warm-up then cosine decay; no decay on vectors."""
+    """AdamW with linear warm-up then cosine decay; no decay on vectors, nor on variables no loss reaches."""
     decay_steps = max(config.steps - config.warmup_steps, 1)
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0,
@@ -92,8 +94,21 @@ def make_optimizer(model, config):
         epsilon=1e-8,  # PyTorch's and nanoGPT's (Keras: 1e-7).
         global_clipnorm=config.clipnorm or None,
     )
-    optimizer.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
+    vectors = [v for v in model.trainable_variables if len(v.shape) < 2]
+    optimizer.exclude_from_weight_decay(var_list=vectors + untrained_variables(model))
     return optimizer
+
+
+def untrained_variables(model):
+    """Trainable variables of `model` that its loss does not reach: BERT's pooler under the masked-LM head.
+
+    TF and torch give them no gradient and leave them as they are; JAX gives
+    them zero gradients, and weight decay alone would shrink them. Without
+    decay, Adam's update of a zero gradient is zero on every backend.
+    """
+    from kerasformer.models import BERTMaskedLM
+
+    return list(model.backbone.pooler.trainable_variables) if isinstance(model, BERTMaskedLM) else []
 
 
 # Tasks: tokenizer, model, batches and a final score ------------------------
@@ -378,14 +393,21 @@ def train(config):
         # resumes from the backup before (Keras falls back to it).
         keras.callbacks.BackupAndRestore(os.path.join(config.run_dir, "backup"), delete_checkpoint=False, double_checkpoint=True),
     ]
-    # One epoch is `checkpoint_every` steps: a checkpoint, a backup, a validation.
-    model.fit(
-        train_data,
-        validation_data=validation_data,
-        epochs=config.steps // config.checkpoint_every,
-        callbacks=callbacks,
-        verbose=1 if sys.stdout.isatty() else 2,  # A progress bar for people, lines for logs.
-    )
+    with warnings.catch_warnings():
+        # On TF and torch Keras warns, each epoch, of the variables without
+        # gradients; those of `untrained_variables` have none by design. A
+        # warning that names any other variable still shows.
+        untrained = [v.path for v in untrained_variables(model)]
+        if untrained:
+            warnings.filterwarnings("ignore", message=re.escape(f"Gradients do not exist for variables {untrained} "))
+        # One epoch is `checkpoint_every` steps: a checkpoint, a backup, a validation.
+        model.fit(
+            train_data,
+            validation_data=validation_data,
+            epochs=config.steps // config.checkpoint_every,
+            callbacks=callbacks,
+            verbose=1 if sys.stdout.isatty() else 2,  # A progress bar for people, lines for logs.
+        )
     save_atomically(model.save, os.path.join(config.run_dir, "model.keras"))
     results = evaluate(model)
     _write_run_info(config, results)

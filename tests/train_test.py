@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -37,6 +38,22 @@ def test_schedule_warms_up_then_decays_and_spares_vectors_from_decay():
     decayed = {v.path for v in model.trainable_variables if optimizer._use_weight_decay(v)}
     assert all(len(v.shape) >= 2 for v in model.trainable_variables if v.path in decayed)
     assert any(len(v.shape) == 1 for v in model.trainable_variables)  # Biases and norms exist, undecayed.
+
+
+def test_masked_lm_training_leaves_the_pooler_it_does_not_use_as_it_was():
+    # The pooler is outside the masked-LM objective. TF and torch give it no
+    # gradient; JAX gives it zeros, which weight decay alone would shrink.
+    from kerasformer.models import BERTMaskedLM
+
+    model = BERTMaskedLM(from_preset("bert-tiny", vocab_size=64))
+    config = TrainConfig(task="bert", steps=10, warmup_steps=0, learning_rate=1e-2, weight_decay=0.1)
+    model.compile(make_optimizer(model, config), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pooler, block = model.backbone.pooler.kernel, model.backbone.blocks[0].feedforward.sublayer.output_dense.kernel
+    before = [np.array(keras.ops.convert_to_numpy(v)) for v in (pooler, block)]
+    ids = np.random.default_rng(0).integers(5, 64, (8, 16))
+    model.fit({"token_ids": ids, "segment_ids": np.zeros_like(ids)}, ids, batch_size=4, verbose=0)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(pooler), before[0])
+    assert not np.allclose(keras.ops.convert_to_numpy(block), before[1])  # The encoder did train.
 
 
 def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
@@ -293,7 +310,12 @@ def test_bert_on_a_text_file_learns_a_wordpiece_vocabulary_of_that_text(tmp_path
     corpus.write_text("\n".join(lines))
     config = TrainConfig(task="bert", data=str(corpus), run_dir=str(tmp_path / "bert"), steps=10, checkpoint_every=10,
                          batch_size=8, sequence_length=16, warmup_steps=2, validation_steps=1, vocabulary_size=200)
-    train(config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(config)
+    # Keras's warning of variables without gradients ("did you forget to
+    # provide a `loss`?") would name the pooler, which masked-LM training leaves out by design.
+    assert not [w for w in caught if "Gradients do not exist" in str(w.message)]
     tokenizer = data.load_tokenizer(tmp_path / "bert" / "tokenizer")
     ids = data.encode(tokenizer, " ".join(words))
     unknown = data.SPECIAL_TOKENS.index(data.UNK)

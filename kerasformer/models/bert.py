@@ -192,7 +192,10 @@ class BERTMaskedLM(TaskModel):
     """BERT with its masked-LM head: logits `(B, T, vocab_size)` at every position.
 
     Train with `sample_weight` that is 1 at the masked positions (see the
-    data pipeline), as in BERT's pre-training.
+    data pipeline), as in BERT's pre-training. The backbone's pooler is not
+    part of this objective (`transformers`' `BertForMaskedLM` has none): on
+    TF and torch Keras warns that it gets no gradients; on JAX it gets zeros,
+    so leave it out of weight decay, as `kerasformer.train.make_optimizer` does.
 
     Args:
         backbone: a `BERT`.
