@@ -1,5 +1,6 @@
 """Argument checks shared by layers, models, data, generation and serving."""
 
+import math
 import numbers
 
 
@@ -10,3 +11,27 @@ def check_positive_int(name, value, owner=""):
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{owner}`{name}` must be a positive int, got {value!r}.")
+
+
+def check_int(name, value, low=0, high=None, none_ok=False):
+    """Raises a ValueError naming `name` unless `value` is an int in `[low, high)` (or None if `none_ok`)."""
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (high is not None and value >= high):
+        span = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"`{name}` must be an int {span}{' or None' if none_ok else ''}, got {value!r}.")
+
+
+def check_number(name, value, low=None, high=None, low_open=False, none_ok=False):
+    """Raises a ValueError naming `name` unless `value` is a finite real number within the bounds.
+
+    `low` is excluded when `low_open`; `high` is included. bools do not pass.
+    """
+    if value is None and none_ok:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    ok = ok and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    if not ok:
+        bounds = [f"{'>' if low_open else '>='} {low}"] * (low is not None) + [f"<= {high}"] * (high is not None)
+        span = f" {' and '.join(bounds)}" if bounds else ""
+        raise ValueError(f"`{name}` must be a finite number{span}{' or None' if none_ok else ''}, got {value!r}.")

@@ -300,7 +300,9 @@ def _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token
 
     checks = [
         tf.debugging.assert_greater_equal(max_new_tokens, 1, message="`max_new_tokens` must be at least 1."),
-        tf.debugging.assert_greater_equal(temperature, 0.0, message="`temperature` must be >= 0."),
+        # NaN fails the first check, infinity the second.
+        tf.debugging.assert_greater_equal(temperature, 0.0, message="`temperature` must be a finite number >= 0."),
+        tf.debugging.assert_less(temperature, float("inf"), message="`temperature` must be a finite number >= 0."),
         tf.debugging.assert_greater_equal(top_k, 0, message="`top_k` must be >= 0 (0: all tokens)."),
         tf.debugging.assert_greater(top_p, 0.0, message="`top_p` must be above 0 and at most 1 (1: all tokens)."),
         tf.debugging.assert_less_equal(top_p, 1.0, message="`top_p` must be above 0 and at most 1 (1: all tokens)."),

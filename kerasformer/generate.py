@@ -16,13 +16,15 @@ tokens by inverting the CDF of the filtered distribution: the same seed gives
 the same tokens, and the loop needs no random state.
 """
 
+import numbers
 import warnings
+from collections.abc import Iterable
 
 import keras
 import numpy as np
 from keras import ops
 
-from kerasformer.checks import check_positive_int
+from kerasformer.checks import check_int, check_number, check_positive_int
 from kerasformer.layers.embedding import check_token_ids
 
 
@@ -359,17 +361,24 @@ class Generator:
         """See `generate`."""
         check_positive_int("max_new_tokens", max_new_tokens)
         check_positive_int("num_beams", num_beams)
+        check_number("temperature", temperature, low=0)
+        check_int("top_k", top_k, none_ok=True)
+        check_number("top_p", top_p, low=0, high=1, low_open=True, none_ok=True)
+        check_int("seed", seed, none_ok=True)  # numpy's generators take no negative seed.
+        check_number("length_penalty", length_penalty)
         if num_beams > 1 and (temperature or top_k or top_p not in (None, 1.0)):
             raise ValueError(
                 "Beam search is deterministic: with `num_beams` > 1 leave `temperature` at 0 "
                 "and `top_k` / `top_p` unset."
             )
-        if temperature < 0:
-            raise ValueError(f"`temperature` must be >= 0, got {temperature}.")
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"`top_k` must be >= 0, got {top_k}.")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"`top_p` must be in (0, 1], got {top_p}.")
+        vocab_size = self.model.vocab_size if self.kind == "decoder" else self.model.target_embedding.vocab_size
+        if isinstance(stop_token_ids, numbers.Integral):  # One stop token, as `transformers`' `eos_token_id` takes it.
+            stop_token_ids = [stop_token_ids]
+        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, Iterable):
+            raise ValueError(f"`stop_token_ids` must be a list of token ids, got {stop_token_ids!r}.")
+        for token_id in stop_token_ids:
+            check_int("stop_token_ids", token_id, high=vocab_size)  # An id past the vocabulary would never stop a row.
+        check_int("start_token_id", start_token_id, high=vocab_size, none_ok=True)
         greedy = temperature == 0
         use_top_k = not greedy and bool(top_k)
         use_top_p = not greedy and top_p not in (None, 1.0)

@@ -231,11 +231,16 @@ class ServedModel:
                 if array.dtype == object or array.dtype.kind not in "iufb":
                     raise ValueError
                 if dtype.is_integer and array.size and array.dtype.kind == "f" and not np.all(array == np.round(array)):
-                    raise ValueError
-                array = array.astype(dtype.as_numpy_dtype)
+                    raise ValueError  # 1.5, NaN, infinity
         except (ValueError, TypeError):
             kind = "strings" if dtype == tf.string else f"numbers of dtype {dtype.name} (rows of equal length)"
             raise RequestError(f"Input {name!r} must hold {kind}.") from None
+        if dtype.is_integer and array.size:  # Past the dtype's range a cast would wrap: seed 2**32 + 7 would be seed 7.
+            info = np.iinfo(dtype.as_numpy_dtype)
+            if array.min() < info.min or array.max() > info.max:
+                raise RequestError(f"Input {name!r} must hold {dtype.name} numbers, in [{info.min}, {info.max}].")
+        if dtype != tf.string:
+            array = array.astype(dtype.as_numpy_dtype)
         if array.ndim != spec.shape.rank:
             raise RequestError(f"Input {name!r} must have rank {spec.shape.rank} (shape {spec.shape}), got shape {array.shape}.")
         if array.ndim and array.size == 0 and name not in REQUEST_LISTS:
@@ -346,6 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(error.status, {"error": str(error)})
 
     def do_POST(self):
+        body = None
         try:
             rest = self._route()
             if rest not in (":predict", "/versions/1:predict"):
@@ -353,6 +359,8 @@ class _Handler(BaseHTTPRequestHandler):
             length = self.headers.get("Content-Length")
             if length is None:
                 raise RequestError("A Content-Length header is required.", 411)
+            if not length.strip().isdecimal():  # A negative length would read until the client hangs up.
+                raise RequestError(f"The Content-Length header must be a number of bytes, got {length!r}.")
             length = int(length)
             if length > MAX_REQUEST_BYTES:
                 raise RequestError(f"The request is larger than {MAX_REQUEST_BYTES} bytes.", 413)
@@ -363,7 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(f"The body is not valid JSON: {error}.") from None
             self._reply(200, self.server.model.predict(request))
         except RequestError as error:
-            self.close_connection = error.status in (411, 413)
+            # A body left unread would be read as the next request: close instead.
+            self.close_connection = body is None
             self._reply(error.status, {"error": str(error)})
         except ValueError as error:
             self._reply(400, {"error": str(error)})

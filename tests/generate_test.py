@@ -215,8 +215,26 @@ def test_bad_arguments_are_named():
     model = gpt()
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, [[1, 2]], max_new_tokens=0)
-    with pytest.raises(ValueError, match="temperature"):
-        generate(model, [[1, 2]], temperature=-1.0)
+    # Sampling options are checked by name: before, NaN or infinite temperatures
+    # drew garbage, a float top_k was truncated, a bad seed got numpy's message.
+    for options, message in [
+        (dict(temperature=-1.0), "`temperature` must be a finite number >= 0, got -1.0."),
+        (dict(temperature=float("nan")), "`temperature` must be a finite number >= 0, got nan."),
+        (dict(temperature=float("inf")), "`temperature` must be a finite number >= 0, got inf."),
+        (dict(temperature="0.5"), "`temperature` must be a finite number >= 0, got '0.5'."),
+        (dict(temperature=1.0, top_k=2.5), "`top_k` must be an int >= 0 or None, got 2.5."),
+        (dict(temperature=1.0, top_p=float("nan")), "`top_p` must be a finite number > 0 and <= 1 or None, got nan."),
+        (dict(temperature=1.0, seed=-1), "`seed` must be an int >= 0 or None, got -1."),
+        (dict(temperature=1.0, seed="a"), "`seed` must be an int >= 0 or None, got 'a'."),
+        (dict(stop_token_ids=[3, 50]), r"`stop_token_ids` must be an int in \[0, 50\), got 50."),
+        (dict(stop_token_ids="3"), "`stop_token_ids` must be a list of token ids, got '3'."),
+        (dict(num_beams=2, length_penalty=float("nan")), "`length_penalty` must be a finite number, got nan."),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            generate(model, [[1, 2]], **options)
+    # One stop id may be given alone, as `transformers`' `eos_token_id`.
+    first = int(generate(model, [[1, 2]], max_new_tokens=1)[0, 0])
+    np.testing.assert_array_equal(generate(model, [[1, 2]], max_new_tokens=4, stop_token_ids=first)[0], [first, 0, 0, 0])
     with pytest.raises(ValueError, match="Beam search must fit .* max_sequence_length=64"):
         generate(model, [[1, 2]], max_new_tokens=63, num_beams=2)
     with pytest.raises(ValueError, match="vocab_size=50"):
@@ -237,6 +255,9 @@ def test_bad_arguments_are_named():
         generate(source_model, [[1], []])
     with pytest.raises(ValueError, match="`inputs` must be integer token ids"):
         generate(source_model, np.array([[1.5, 2.0]]))
+    target_vocab = source_model.target_embedding.vocab_size
+    with pytest.raises(ValueError, match=rf"`start_token_id` must be an int in \[0, {target_vocab}\) or None, got {target_vocab}."):
+        generate(source_model, [[1, 2]], start_token_id=target_vocab)
     with pytest.raises(ValueError, match="model"):
         generate(keras.Sequential([keras.layers.Dense(2)]), [[1]])
 

@@ -136,6 +136,10 @@ def test_left_out_options_and_masks_take_their_defaults(server):
     np.testing.assert_array_equal(body["predictions"], generate(model, [[5, 6, 7], [8]], max_new_tokens=32))
     status, body = predict({"signature_name": "generate", "inputs": {"token_ids": [[5, 6, 7], [8, "x"]]}})
     assert (status, body) == (400, {"error": "Input 'token_ids' must hold numbers of dtype int32 (rows of equal length)."})
+    # A number past int32 is refused, not wrapped: seed 2**32 + 7 would be seed 7, top_k 2**32 + 1 would be 1.
+    for option in ("seed", "top_k"):
+        status, body = predict({"signature_name": "generate", "inputs": {"token_ids": [[5]], "temperature": 1.0, option: 2**32 + 1}})
+        assert (status, body) == (400, {"error": f"Input {option!r} must hold int32 numbers, in [-2147483648, 2147483647]."})
     status, body = predict({"instances": [[5, 6, 7]]})  # serving_default's ids, rows of one input.
     assert status == 200
     np.testing.assert_allclose(body["predictions"], to_numpy(model(np.array([[5, 6, 7]]))), atol=1e-4)
@@ -164,6 +168,9 @@ def test_left_out_options_and_masks_take_their_defaults(server):
     ("too many new tokens", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "max_new_tokens": 10**6}}), 400),
     ("stop id out of range", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "stop_token_ids": [99999]}}), 400),
     ("too large", dict(raw=b"{}", headers={"Content-Length": str(10**9)}), 413),
+    # Read as -1, it would wait for the client to hang up, holding a worker.
+    ("negative length", dict(raw=b"{}", headers={"Content-Length": "-1"}), 400),
+    ("length not a number", dict(raw=b"{}", headers={"Content-Length": "two"}), 400),
 ])
 def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_kwargs, expected_status):
     port, _, process = server
@@ -185,7 +192,12 @@ def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_
     ("a character the char tokenizer cannot represent", {"signature_name": "generate_text", "inputs": {"text": ["abc", "café"]}},
      "Each `text` must use only characters in the vocabulary of the char tokenizer (code points below 107)."),
     ("negative temperature", {"signature_name": "generate_text", "inputs": {"text": ["abc"], "temperature": -0.5}},
-     "`temperature` must be >= 0."),
+     "`temperature` must be a finite number >= 0."),
+    # Python's JSON reads Infinity and NaN; sampling at either would draw garbage.
+    ("infinite temperature", {"signature_name": "generate", "inputs": {"token_ids": [[5]], "temperature": float("inf")}},
+     "`temperature` must be a finite number >= 0."),
+    ("NaN temperature", {"signature_name": "generate", "inputs": {"token_ids": [[5]], "temperature": float("nan")}},
+     "`temperature` must be a finite number >= 0."),
     ("negative top-k", {"signature_name": "generate", "inputs": {"token_ids": [[5]], "temperature": 1.0, "top_k": -1}},
      "`top_k` must be >= 0 (0: all tokens)."),
     ("top-p above 1", {"signature_name": "generate", "inputs": {"token_ids": [[5]], "top_p": 1.5}},
