@@ -199,6 +199,11 @@ def build_signatures(model, tokenizer=None):
 
         def inputs(token_ids, padding_mask, segment_ids):
             checks = _fits_positions(backbone, tf.shape(token_ids)[1], "`token_ids`")
+            if backbone.segment_embedding is not None:  # A gather past the table fails opaquely, or not at all.
+                segments = backbone.segment_embedding.input_dim
+                message = f"`segment_ids` must lie in [0, {segments}) (num_segments={segments})."
+                checks += [tf.debugging.assert_greater_equal(segment_ids, 0, message=message),
+                           tf.debugging.assert_less(segment_ids, segments, message=message)]
             token_ids, padding_mask, segment_ids = _after(checks, token_ids, padding_mask, segment_ids)
             return {"token_ids": tf.where(padding_mask > 0, token_ids, pad), "segment_ids": segment_ids}
 

@@ -80,6 +80,19 @@ def merge_attention_masks(
     _check_rank(
         "attention_mask", attention_mask, 3, "(batch, query_length, key_length)"
     )
+    # Where the lengths are known, a mismatch is named here rather than failing in a broadcast.
+    for name, tensor, expected in (
+        ("padding_mask", padding_mask, (key_length,)),
+        ("attention_mask", attention_mask, (query_length, key_length)),
+    ):
+        if tensor is None:
+            continue
+        given = tuple(tensor.shape[1:])
+        if any(isinstance(g, int) and isinstance(e, int) and g != e for g, e in zip(given, expected)):
+            raise ValueError(
+                f"`{name}` must have shape (batch, {', '.join(map(str, expected))}) to match the "
+                f"{'keys' if name == 'padding_mask' else 'queries and keys'}, got shape {tuple(tensor.shape)}."
+            )
     mask = None
     if padding_mask is not None:
         mask = ops.cast(padding_mask, "bool")[:, None, :]  # (B, 1, S)

@@ -32,8 +32,8 @@ def _concrete_values(x):
     return keras.ops.convert_to_numpy(x)
 
 
-def check_token_ids(token_ids, vocab_size, name="token_ids"):
-    """Raises a ValueError naming `name` if eager ids fall outside `[0, vocab_size)`.
+def check_token_ids(token_ids, vocab_size, name="token_ids", size_name="vocab_size"):
+    """Raises a ValueError naming `name` (and `size_name`) if eager ids fall outside `[0, vocab_size)`.
 
     Traced (compiled) calls cannot raise, so they are checked where data
     enters: here when eager, and in generation, export and serving.
@@ -46,7 +46,7 @@ def check_token_ids(token_ids, vocab_size, name="token_ids"):
     low, high = int(values.min()), int(values.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(
-            f"`{name}` must lie in [0, {vocab_size}) (vocab_size={vocab_size}), "
+            f"`{name}` must lie in [0, {vocab_size}) ({size_name}={vocab_size}), "
             f"got values from {low} to {high}."
         )
 

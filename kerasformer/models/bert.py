@@ -9,7 +9,7 @@ import keras
 from keras import ops
 
 from kerasformer.layers import EncoderBlock
-from kerasformer.layers.embedding import TokenEmbedding
+from kerasformer.layers.embedding import TokenEmbedding, check_token_ids
 from kerasformer.layers.feedforward import ACTIVATIONS, resolve_activation
 from kerasformer.layers.residual import make_norm
 from kerasformer.models.base import (
@@ -138,6 +138,14 @@ class BERT(TransformerModel):
         self.final_norm = final_norm
         self.pooler = pooler
         self._set_config(config)
+
+    def call(self, inputs, training=None, mask=None):
+        # Keras's Embedding clamps an id past its table on JAX and fails
+        # opaquely elsewhere; eager segment ids are checked here by name,
+        # as `TokenEmbedding` checks token ids.
+        if self.segment_embedding is not None and isinstance(inputs, dict) and "segment_ids" in inputs:
+            check_token_ids(inputs["segment_ids"], self.segment_embedding.input_dim, "segment_ids", "num_segments")
+        return super().call(inputs, training=training, mask=mask)
 
 
 @keras.saving.register_keras_serializable(package="kerasformer")

@@ -208,6 +208,11 @@ def test_bad_arguments_name_the_argument():
         layer(random_inputs(1, 4, 16), padding_mask=np.ones((1, 4, 4), bool))
     with pytest.raises(ValueError, match="attention_mask"):
         layer(random_inputs(1, 4, 16), attention_mask=np.ones((1, 4), bool))
+    # Lengths that do not match the keys (queries) are named, not left to fail in a broadcast.
+    with pytest.raises(ValueError, match=r"`padding_mask` must have shape \(batch, 4\) to match the keys, got shape \(1, 3\)"):
+        layer(random_inputs(1, 4, 16), padding_mask=np.ones((1, 3), bool))
+    with pytest.raises(ValueError, match=r"`attention_mask` must have shape \(batch, 4, 4\) .* got shape \(1, 4, 5\)"):
+        layer(random_inputs(1, 4, 16), attention_mask=np.ones((1, 4, 5), bool))
     with pytest.raises(ValueError, match="dropout"):
         MultiHeadAttention(num_heads=2, dropout=1.5)
 

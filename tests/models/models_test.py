@@ -182,6 +182,11 @@ def test_bad_arguments_are_named():
         tiny("gpt2-tiny")(np.ones((1, 129), "int32"))
     with pytest.raises(ValueError, match="vocab_size=64"):
         tiny("gpt2-tiny")(np.array([[1, 64]]))
+    # Keras's Embedding, which holds the segments, clamped such ids on JAX.
+    bert, ids = tiny("bert-tiny"), np.array([[1, 2, 3]])
+    for model in (bert, BERTMaskedLM(bert)):
+        with pytest.raises(ValueError, match=r"`segment_ids` must lie in \[0, 2\) \(num_segments=2\), got values from 0 to 2"):
+            model({"token_ids": ids, "segment_ids": np.array([[0, 1, 2]])})
     with pytest.raises(ValueError, match="preset"):
         from_preset("gpt5")
     with pytest.raises(ValueError, match="target_vocab_size"):

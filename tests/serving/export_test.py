@@ -177,7 +177,11 @@ def test_bert_export_matches_and_has_fill_mask_and_embed(tmp_path):
     query = np.array([[2, 5, 4, 7, 3, 0]], "int32")
     mask = (query != 0).astype("int32")
     inputs = {"token_ids": query.tolist(), "padding_mask": mask.tolist(), "segment_ids": np.zeros_like(query).tolist()}
-    results = run_saved_model(path, {"serving_default": inputs, "fill_mask": inputs, "embed": inputs})
+    # Segment ids past BERT's 2 segments: refused by name in the graph (a CPU gather took -1 silently).
+    refused = {f"embed#{i}": {**inputs, "segment_ids": [[0, 0, value, 0, 0, 0]]} for i, value in enumerate((2, -1))}
+    results = run_saved_model(path, {"serving_default": inputs, "fill_mask": inputs, "embed": inputs, **refused})
+    for key in refused:
+        assert results[key] == {"error": "`segment_ids` must lie in [0, 2) (num_segments=2)."}
     assert {"serving_default", "fill_mask", "embed"} <= set(results["signatures"])
     expected = to_numpy(model({"token_ids": query, "segment_ids": np.zeros_like(query)}))
     np.testing.assert_allclose(np.array(results["serving_default"]["logits"])[0, :5], expected[0, :5], atol=1e-4)
