@@ -22,16 +22,18 @@ def check_int(name, value, low=0, high=None, none_ok=False):
         raise ValueError(f"`{name}` must be an int {span}{' or None' if none_ok else ''}, got {value!r}.")
 
 
-def check_number(name, value, low=None, high=None, low_open=False, none_ok=False):
+def check_number(name, value, low=None, high=None, low_open=False, high_open=False, none_ok=False):
     """Raises a ValueError naming `name` unless `value` is a finite real number within the bounds.
 
-    `low` is excluded when `low_open`; `high` is included. bools do not pass.
+    `low` and `high` are included unless `low_open` / `high_open`. bools do not pass.
     """
     if value is None and none_ok:
         return
     ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
-    ok = ok and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    ok = ok and (low is None or (value > low if low_open else value >= low))
+    ok = ok and (high is None or (value < high if high_open else value <= high))
     if not ok:
-        bounds = [f"{'>' if low_open else '>='} {low}"] * (low is not None) + [f"<= {high}"] * (high is not None)
+        bounds = [f"{'>' if low_open else '>='} {low}"] * (low is not None)
+        bounds += [f"{'<' if high_open else '<='} {high}"] * (high is not None)
         span = f" {' and '.join(bounds)}" if bounds else ""
         raise ValueError(f"`{name}` must be a finite number{span}{' or None' if none_ok else ''}, got {value!r}.")

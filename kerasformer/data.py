@@ -62,8 +62,11 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
             )  # KerasHub reserves id 0 for <pad>, 1 <unk>, 2 <s>, 3 </s>.
         except RuntimeError as error:  # The trainer's own words: "... Please set it to a value <= 1479."
             most = re.search(r"value <= (\d+)", str(error))
-            if most is None:
-                raise
+            if most is None:  # Too small: e.g. "[insert_id(trainer_spec_.eos_id(), ...)]" for 3.
+                raise ValueError(
+                    f"SentencePiece cannot train a {kind} vocabulary of `vocabulary_size` {vocabulary_size or 8000} on "
+                    f"these texts: it needs room for its 4 reserved pieces and the texts' characters ({error})."
+                ) from None
             raise ValueError(
                 f"`vocabulary_size` {vocabulary_size or 8000} is more than a {kind} vocabulary these texts can give; "
                 f"at most {most.group(1)}."
@@ -210,8 +213,11 @@ def load_tokenizer(folder):
 def read_text(path):
     if not os.path.isfile(path):
         raise ValueError(f"`data` {path!r} is not a file.")
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"`data` {path!r} must be UTF-8 text: {error}.") from None
 
 
 # Generated tasks (offline, with a measurable score) ------------------------

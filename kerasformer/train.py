@@ -20,6 +20,7 @@ import numpy as np
 
 from kerasformer import data
 from kerasformer.allocator import ALLOCATORS, set_allocator
+from kerasformer.checks import check_int, check_number, check_positive_int
 from kerasformer.data import TOKENIZER_KINDS
 from kerasformer.losses import TokenCrossEntropy
 from kerasformer.optimizers import AdamW
@@ -56,7 +57,7 @@ class TrainConfig:
     batch_size: int = _setting(16, "sequences per step")
     sequence_length: int = _setting(64, "context of LM windows (a GPT's max_sequence_length); longest BERT / seq2seq example")
     learning_rate: float = _setting(1e-3, "peak learning rate, reached after the warm-up")
-    min_learning_rate: float = _setting(1e-4, "the cosine decays to this")
+    min_learning_rate: float = _setting(1e-4, "the cosine decays to this; at most --learning-rate")
     warmup_steps: int = _setting(100, "linear warm-up from 0")
     weight_decay: float = _setting(0.1, "AdamW's decoupled decay, on matrices only (not biases, norms)")
     beta_1: float = _setting(0.9, "AdamW's first-moment decay")
@@ -294,6 +295,31 @@ class _Checkpoint(keras.callbacks.Callback):
         save_atomically(self.model.save, self.path)
 
 
+class _StopIfDiverged(keras.callbacks.Callback):
+    """Stops a run whose loss turned NaN or infinite, before its epoch is checkpointed, backed up or logged.
+
+    Keras's epoch loss is a running mean, so one such step makes it
+    non-finite. Checked once an epoch, not every step, so that the steps
+    stay asynchronous. The run's checkpoint and backup keep the weights of
+    the epoch before.
+    """
+
+    def __init__(self, steps_per_epoch):
+        super().__init__()
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            first, last = epoch * self.steps_per_epoch + 1, (epoch + 1) * self.steps_per_epoch
+            steps = f"step {last}" if first == last else f"steps {first}-{last}"
+            kept = f"The run's checkpoint and backup keep the weights of step {first - 1}" if epoch else "No checkpoint was written"
+            raise ValueError(
+                f"Training diverged: the loss of {steps} is {float(loss)}. {kept}. Train again in a new `run_dir` "
+                f"with a lower `learning_rate` or a `clipnorm`."
+            )
+
+
 class _LossPlot(keras.callbacks.Callback):
     """Redraws `loss.png` from the CSV log after every epoch."""
 
@@ -358,6 +384,7 @@ def train(config):
         raise ValueError(f"`precision` must be 'fp32' or 'bf16', got {config.precision!r}.")
     if not isinstance(config.checkpoint_every, int) or config.checkpoint_every < 1:
         raise ValueError(f"`checkpoint_every` must be a positive number of steps, got {config.checkpoint_every!r}.")
+    _check_settings(config)
     if config.steps % config.checkpoint_every:
         raise ValueError(
             f"`steps` ({config.steps}) must be a multiple of `checkpoint_every` ({config.checkpoint_every})."
@@ -386,6 +413,7 @@ def train(config):
     # checkpoint are already written, so a run killed at any point resumes
     # with a complete log.
     callbacks = [
+        _StopIfDiverged(config.checkpoint_every),  # First: before anything records the epoch.
         keras.callbacks.CSVLogger(csv_path, append=True),
         _LossPlot(csv_path, os.path.join(config.run_dir, "loss.png"), config.checkpoint_every),
         _Checkpoint(os.path.join(config.run_dir, "checkpoint.keras")),
@@ -413,6 +441,21 @@ def train(config):
     _write_run_info(config, results)
     print("evaluation: " + ", ".join(f"{k}={v}" for k, v in results.items()), flush=True)
     return results
+
+
+def _check_settings(config):
+    """Raises a ValueError naming the first numeric setting out of its range (a negative learning rate trained to NaN)."""
+    for name in ("steps", "batch_size", "sequence_length", "validation_steps", "vocabulary_size"):
+        check_positive_int(name, getattr(config, name))
+    check_int("warmup_steps", config.warmup_steps)
+    check_int("seed", config.seed)
+    check_number("learning_rate", config.learning_rate, low=0, low_open=True)
+    check_number("min_learning_rate", config.min_learning_rate, low=0, high=config.learning_rate)
+    check_number("weight_decay", config.weight_decay, low=0)
+    check_number("beta_1", config.beta_1, low=0, high=1, high_open=True)
+    check_number("beta_2", config.beta_2, low=0, high=1, high_open=True)
+    check_number("clipnorm", config.clipnorm, low=0)
+    check_number("dropout", config.dropout, low=0, high=1, high_open=True, none_ok=True)
 
 
 # Settings a resumed run may change: its length, and how (not what) it computes.

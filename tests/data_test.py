@@ -147,6 +147,16 @@ def test_a_vocabulary_larger_than_the_texts_give_is_named(kind):
     # SentencePiece's trainer raises a RuntimeError from its C++ core.
     with pytest.raises(ValueError, match=f"`vocabulary_size` 500 is more than a {kind} vocabulary these texts can give; at most \\d+"):
         data.train_tokenizer(kind, ["to be or not to be"], vocabulary_size=500)
+    # Too small for the reserved pieces: before, SentencePiece's own error came through as a traceback.
+    with pytest.raises(ValueError, match=f"SentencePiece cannot train a {kind} vocabulary of `vocabulary_size` 3 on these texts"):
+        data.train_tokenizer(kind, ["to be or not to be"], vocabulary_size=3)
+
+
+def test_a_data_file_that_is_not_utf8_text_is_named(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"\x00\x01\xff\xfe binary")
+    with pytest.raises(ValueError, match=f"`data` '{path}' must be UTF-8 text: 'utf-8' codec can't decode byte 0xff"):
+        data.read_text(str(path))
 
 
 def test_seq2seq_arrays_shift_targets_for_teacher_forcing():

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -344,9 +345,34 @@ def test_a_data_file_too_small_to_split_is_named(task, text, message, tmp_path):
         assert (len(train_data.labels), len(validation_data.labels)) == (1, 1)
 
 
+def test_a_diverging_run_stops_before_its_checkpoint_backup_and_log_take_the_nan_weights(tmp_path):
+    # The first update has the warm-up's learning rate 0, so steps 1 and 2 compute a finite loss; the
+    # second update, at 1e30 without clipping, makes step 3's loss NaN or infinite.
+    config = TrainConfig(run_dir=str(tmp_path / "run"), steps=4, checkpoint_every=1, warmup_steps=2, batch_size=4,
+                         sequence_length=16, validation_steps=1, learning_rate=1e30, min_learning_rate=0.0, clipnorm=0.0)
+    with pytest.raises(ValueError, match=r"Training diverged: the loss of step 3 is (nan|inf)\. The run's checkpoint "
+                                         r"and backup keep the weights of step 2\."):
+        train(config)
+    with open(tmp_path / "run" / "log.csv") as f:
+        assert [int(row["epoch"]) for row in csv.DictReader(f)] == [0, 1]
+    model = keras.saving.load_model(str(tmp_path / "run" / "checkpoint.keras"))
+    assert all(np.isfinite(keras.ops.convert_to_numpy(v)).all() for v in model.weights)
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="checkpoint_every"):
         train(TrainConfig(steps=25, checkpoint_every=10))
+    for setting, value, message in [
+        ("learning_rate", -1.0, "`learning_rate` must be a finite number > 0, got -1.0."),  # Trained to NaN before.
+        ("min_learning_rate", 0.1, "`min_learning_rate` must be a finite number >= 0 and <= 0.001, got 0.1."),
+        ("beta_2", 1.0, "`beta_2` must be a finite number >= 0 and < 1, got 1.0."),
+        ("weight_decay", float("nan"), "`weight_decay` must be a finite number >= 0, got nan."),
+        ("dropout", 1.5, "`dropout` must be a finite number >= 0 and < 1 or None, got 1.5."),
+        ("batch_size", 0, "`batch_size` must be a positive int, got 0."),
+        ("warmup_steps", -1, "`warmup_steps` must be an int >= 0, got -1."),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            train(TrainConfig(**{setting: value}))
     with pytest.raises(ValueError, match="precision"):
         train(TrainConfig(precision="fp8"))
     with pytest.raises(ValueError, match="checkpoint_every"):
