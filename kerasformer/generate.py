@@ -376,6 +376,7 @@ class Generator:
             stop_token_ids = [stop_token_ids]
         if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, Iterable):
             raise ValueError(f"`stop_token_ids` must be a list of token ids, got {stop_token_ids!r}.")
+        stop_token_ids = list(stop_token_ids)  # Read once: an iterator checked here would reach the loop empty.
         for token_id in stop_token_ids:
             check_int("stop_token_ids", token_id, high=vocab_size)  # An id past the vocabulary would never stop a row.
         check_int("start_token_id", start_token_id, high=vocab_size, none_ok=True)

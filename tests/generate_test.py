@@ -235,6 +235,8 @@ def test_bad_arguments_are_named():
     # One stop id may be given alone, as `transformers`' `eos_token_id`.
     first = int(generate(model, [[1, 2]], max_new_tokens=1)[0, 0])
     np.testing.assert_array_equal(generate(model, [[1, 2]], max_new_tokens=4, stop_token_ids=first)[0], [first, 0, 0, 0])
+    # An iterator of stop ids is read once: checked, then still there for the loop.
+    np.testing.assert_array_equal(generate(model, [[1, 2]], max_new_tokens=4, stop_token_ids=iter([first]))[0], [first, 0, 0, 0])
     with pytest.raises(ValueError, match="Beam search must fit .* max_sequence_length=64"):
         generate(model, [[1, 2]], max_new_tokens=63, num_beams=2)
     with pytest.raises(ValueError, match="vocab_size=50"):
