@@ -5,6 +5,7 @@ import inspect
 import numbers
 
 import keras
+import numpy as np
 
 from kerasformer.checks import check_positive_int
 
@@ -88,6 +89,50 @@ class TransformerModel(keras.Model):
             raise TypeError(message)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
+    def call(self, inputs, training=None, mask=None):
+        check_integer_inputs(self._inputs_struct, inputs)
+        return super().call(inputs, training=training, mask=mask)
+
+    # Under XLA on TF a traced step sees sequences of any length (Keras relaxes
+    # the shapes it traces) and cannot raise: a sequence past the learned
+    # position table trained and predicted on clamped positions without a
+    # word. Arrays and datasets of known shapes are checked before any step.
+    def fit(self, x=None, y=None, *args, **kwargs):
+        check_sequence_lengths(self, x)
+        validation = kwargs.get("validation_data")
+        check_sequence_lengths(self, validation[0] if isinstance(validation, (tuple, list)) else validation)
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        check_sequence_lengths(self, x)
+        return super().evaluate(x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        check_sequence_lengths(self, x)
+        return super().predict(x, *args, **kwargs)
+
+    # A step that fails (a batch that does not trace: a sequence longer than
+    # the position table, labels of the wrong shape) must leave the model as
+    # it was. On JAX, Keras's fit / evaluate / predict detach the variables
+    # while a step holds them and reattach them only after it returns: every
+    # weight was left None, the trained model lost. On TF, a first fit that
+    # failed kept its half-traced function: every later fit raised "Creating
+    # variables on a non-first call to a function decorated with tf.function".
+    def make_train_function(self, force=False):
+        super().make_train_function(force)
+        self.train_function = guard_step_function(self, self.train_function, "train")
+        return self.train_function
+
+    def make_test_function(self, force=False):
+        super().make_test_function(force)
+        self.test_function = guard_step_function(self, self.test_function, "test")
+        return self.test_function
+
+    def make_predict_function(self, force=False):
+        super().make_predict_function(force)
+        self.predict_function = guard_step_function(self, self.predict_function, "predict")
+        return self.predict_function
+
     def _set_config(self, config):
         self._model_config = dict(config)
         for key, value in config.items():
@@ -103,6 +148,100 @@ class TransformerModel(keras.Model):
         config = dict(config)
         with dtype_policy_scope(config.pop("dtype", None)):
             return cls(**config)
+
+
+def guard_step_function(model, step_function, kind):
+    """Keras's compiled step `kind` ("train", "test" or "predict") of `model`, left as it was by a failure.
+
+    On JAX, the step's `state` argument (variable values in the order of
+    Keras's `JAXTrainer._get_jax_state`) goes back into the variables if the
+    step raises. On TF, a step that fails before it ever ran is dropped, so
+    that the next call traces a fresh one. Torch needs neither.
+    """
+    backend = keras.backend.backend()
+    if backend not in ("jax", "tensorflow") or step_function is None or getattr(step_function, "guarded", False):
+        return step_function
+
+    def variable_groups():
+        groups = [model.trainable_variables, model.non_trainable_variables]
+        if kind == "train":
+            groups.append(model.optimizer.variables)
+        if kind in ("train", "test"):
+            groups.append(model.metrics_variables)
+        return groups
+
+    def give_state_back(state):
+        pairs = [pair for group, values in zip(variable_groups(), state) for pair in zip(group, values)]
+        # Values a step consumed (donated buffers) cannot come back; a failure
+        # while tracing, the usual one, consumed none.
+        if not any(getattr(value, "is_deleted", lambda: False)() for _, value in pairs):
+            for variable, value in pairs:
+                variable.assign(value)
+            model._jax_state_synced = True  # So that fit's own clean-up restores nothing older.
+
+    def step(*args):
+        try:
+            outputs = step_function(*args)
+        except BaseException:
+            if backend == "jax":
+                give_state_back(args[0])
+            elif not step.ran:
+                setattr(model, f"{kind}_function", None)
+            raise
+        step.ran = True
+        return outputs
+
+    step.guarded, step.ran = True, False
+    return step
+
+
+def check_sequence_lengths(model, x):
+    """Raises a ValueError naming the input of `x` whose sequences are longer than `model`'s learned position table.
+
+    `x`: what `fit` / `evaluate` / `predict` take as inputs: an array or
+    tensor, a dict of them by input name, or a `tf.data.Dataset` (its element
+    spec, where the length is static). Other inputs are left to the layers.
+    """
+    from kerasformer.layers import PositionEmbedding
+
+    tables = [layer.sequence_length for layer in model._flatten_layers() if isinstance(layer, PositionEmbedding)]
+    if not tables or x is None:
+        return
+    spec = getattr(x, "element_spec", None)
+    if spec is not None:  # A tf.data.Dataset of (inputs, labels, ...) or of inputs.
+        x = spec[0] if isinstance(spec, tuple) else spec
+    named = x.items() if isinstance(x, dict) else [(model.inputs[0].name, x)]
+    for name, value in named:
+        shape = tuple(getattr(value, "shape", ()))
+        length = shape[1] if len(shape) >= 2 else None
+        if isinstance(length, int) and length > min(tables):
+            raise ValueError(
+                f"`{name}` holds sequences of {length} tokens, longer than the learned position table "
+                f"(`max_sequence_length={min(tables)}`); the longest input is {min(tables)}."
+            )
+
+
+def check_integer_inputs(expected, inputs):
+    """Raises a ValueError naming the input that takes ids but was given non-integer values.
+
+    A functional model casts each input to its `keras.Input` dtype, so float
+    token ids (1.7) would be truncated to 1 without a word. The dtype is
+    static, so this holds in compiled calls (`fit`, `predict`) too.
+
+    Args:
+        expected: the model's `keras.Input` tensors, one or a dict by name.
+        inputs: what the model was called with, in the same structure.
+    """
+    if isinstance(expected, dict) != isinstance(inputs, dict):
+        return  # Keras names a structure that does not match.
+    pairs = [(expected[name], inputs[name]) for name in expected if name in inputs] if isinstance(expected, dict) else [(expected, inputs)]
+    for spec, value in pairs:
+        if not keras.backend.standardize_dtype(spec.dtype).startswith(("int", "uint")):
+            continue
+        dtype = getattr(value, "dtype", None)
+        dtype = np.asarray(value).dtype.name if dtype is None else keras.backend.standardize_dtype(dtype)
+        if not dtype.startswith(("int", "uint")):
+            raise ValueError(f"`{spec.name}` must be integer token ids, got dtype {dtype}.")
 
 
 class TaskModel(TransformerModel):

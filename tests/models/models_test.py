@@ -194,6 +194,78 @@ def test_bad_arguments_are_named():
     assert "gpt2-small" in preset_names()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float_token_ids_are_refused_by_name(family):
+    # A functional model casts its inputs to int32: ids of 1.7 ran as 1.
+    model, inputs, labels = task(family)
+    key = {"gpt": None, "bert": "segment_ids", "t5": "decoder_token_ids", "transformer": "encoder_token_ids"}[family]
+    name = key or "token_ids"
+    floats = inputs + 0.7 if key is None else {**inputs, key: inputs[key] + 0.7}
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    message = f"`{name}` must be integer token ids, got dtype float"
+    with pytest.raises(ValueError, match=message):
+        model(floats)
+    with pytest.raises(ValueError, match=message):
+        model.predict(floats, verbose=0)
+    with pytest.raises(ValueError, match=message):
+        model.fit(floats, labels, epochs=1, verbose=0)
+    # Integer ids of any width still run, and alike.
+    int64 = {k: v.astype("int64") for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.astype("int64")
+    np.testing.assert_array_equal(to_numpy(model(int64)), to_numpy(model(inputs)))
+
+
+def test_a_failed_fit_evaluate_or_predict_leaves_the_model_as_it_was():
+    # On JAX a step that failed to trace left every variable None (Keras
+    # detaches them during fit / evaluate / predict); on TF a first fit that
+    # failed made every later fit raise "Creating variables on a non-first call".
+    model, ids, labels = gpt_data()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    wrong_labels = np.concatenate([labels, labels[:, :1]], axis=1)  # One position too many.
+    with pytest.raises(Exception):
+        model.fit(ids, wrong_labels, epochs=1, verbose=0)  # The first fit of a fresh model.
+    model.fit(ids, labels, epochs=1, verbose=0)
+    trained = to_numpy(model(ids))
+    for failing in (
+        lambda: model.predict(ids + 0.5, verbose=0),
+        lambda: model.evaluate(ids, wrong_labels, verbose=0),
+        lambda: model.fit(ids, wrong_labels, epochs=1, verbose=0),
+    ):
+        with pytest.raises(Exception):
+            failing()
+        np.testing.assert_array_equal(to_numpy(model(ids)), trained)
+    before = model.evaluate(ids, labels, verbose=0)
+    model.fit(ids, labels, epochs=3, verbose=0)
+    assert model.evaluate(ids, labels, verbose=0) < before
+
+
+def test_sequences_past_the_position_table_are_refused_before_any_step():
+    # Under XLA on TF, once Keras had relaxed the traced length, fit and
+    # predict ran a longer sequence on clamped positions without a word.
+    model, ids, labels = gpt_data()  # A table of 128 positions.
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for length in (8, 12, 10):
+        model.predict(ids[:, :length], verbose=0)
+        model.fit(ids[:, :length], labels[:, :length], verbose=0)
+    long_ids = np.ones((2, 129), "int32")
+    message = r"`token_ids` holds sequences of 129 tokens, longer than the learned position table \(`max_sequence_length=128`\)"
+    for call in (
+        lambda: model.predict(long_ids, verbose=0),
+        lambda: model.evaluate(long_ids, long_ids, verbose=0),
+        lambda: model.fit(long_ids, long_ids, verbose=0),
+        lambda: model.fit(ids, labels, validation_data=(long_ids, long_ids), verbose=0),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((long_ids, long_ids)).batch(2)
+    with pytest.raises(ValueError, match=message):
+        model.fit(dataset, verbose=0)
+    bert = BERTClassifier(tiny("bert-tiny", max_sequence_length=16), num_classes=2)
+    with pytest.raises(ValueError, match="`segment_ids` holds sequences of 17 tokens"):
+        bert.predict({"token_ids": np.ones((1, 16), "int32"), "segment_ids": np.zeros((1, 17), "int32")}, verbose=0)
+
+
 @pytest.mark.parametrize("builder, arguments, name, value", [
     (GPT, {}, "vocab_size", 0),
     (GPT, {}, "num_layers", -1),  # Keras would build a model with no blocks.
