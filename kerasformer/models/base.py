@@ -93,23 +93,31 @@ class TransformerModel(keras.Model):
         check_integer_inputs(self._inputs_struct, inputs)
         return super().call(inputs, training=training, mask=mask)
 
-    # Under XLA on TF a traced step sees sequences of any length (Keras relaxes
-    # the shapes it traces) and cannot raise: a sequence past the learned
-    # position table trained and predicted on clamped positions without a
-    # word. Arrays and datasets of known shapes are checked before any step.
+    # Compiled steps cannot check values, and under XLA (TF, JAX) a gather
+    # clamps an index out of range: ids past the vocabulary, or (TF, once
+    # Keras relaxed the traced length) a sequence past the learned position
+    # table, trained and predicted without a word. Arrays, and the shapes of
+    # datasets, are checked here before any step.
     def fit(self, x=None, y=None, *args, **kwargs):
-        check_sequence_lengths(self, x)
+        check_data(self, x, y)
         validation = kwargs.get("validation_data")
-        check_sequence_lengths(self, validation[0] if isinstance(validation, (tuple, list)) else validation)
+        if isinstance(validation, (tuple, list)):
+            check_data(self, *validation[:2])
+        else:
+            check_data(self, validation)
         return super().fit(x, y, *args, **kwargs)
 
-    def evaluate(self, x=None, *args, **kwargs):
-        check_sequence_lengths(self, x)
-        return super().evaluate(x, *args, **kwargs)
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        check_data(self, x, y)
+        return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        check_sequence_lengths(self, x)
+        check_data(self, x)
         return super().predict(x, *args, **kwargs)
+
+    def input_vocabularies(self):
+        """`{input name: (number of ids, the argument that sets it)}`: the ids each input may hold."""
+        return {}
 
     # A step that fails (a batch that does not trace: a sequence longer than
     # the position table, labels of the wrong shape) must leave the model as
@@ -195,30 +203,56 @@ def guard_step_function(model, step_function, kind):
     return step
 
 
-def check_sequence_lengths(model, x):
-    """Raises a ValueError naming the input of `x` whose sequences are longer than `model`'s learned position table.
+def check_data(model, x, y=None):
+    """Raises a ValueError naming what in `fit` / `evaluate` / `predict` data `model` cannot take.
 
-    `x`: what `fit` / `evaluate` / `predict` take as inputs: an array or
-    tensor, a dict of them by input name, or a `tf.data.Dataset` (its element
-    spec, where the length is static). Other inputs are left to the layers.
+    Checked: sequences longer than a learned position table; in arrays and
+    tensors, ids outside an input's vocabulary and integer labels `y`
+    outside the logits. `x` is an array or tensor, a dict of them by input
+    name, or a `tf.data.Dataset` (its element spec's lengths, where static).
+    Other data (generators, `PyDataset`s) is left to the layers.
     """
     from kerasformer.layers import PositionEmbedding
+    from kerasformer.layers.embedding import check_token_ids
 
-    tables = [layer.sequence_length for layer in model._flatten_layers() if isinstance(layer, PositionEmbedding)]
-    if not tables or x is None:
+    if x is None:
         return
     spec = getattr(x, "element_spec", None)
-    if spec is not None:  # A tf.data.Dataset of (inputs, labels, ...) or of inputs.
-        x = spec[0] if isinstance(spec, tuple) else spec
-    named = x.items() if isinstance(x, dict) else [(model.inputs[0].name, x)]
+    if spec is not None:  # A tf.data.Dataset of (inputs, labels, ...) or of inputs: shapes only.
+        x, y = (spec[0] if isinstance(spec, tuple) else spec), None
+    named = list(x.items()) if isinstance(x, dict) else [(model.inputs[0].name, x)]
+    tables = [layer.sequence_length for layer in model._flatten_layers() if isinstance(layer, PositionEmbedding)]
+    vocabularies = model.input_vocabularies()
     for name, value in named:
         shape = tuple(getattr(value, "shape", ()))
         length = shape[1] if len(shape) >= 2 else None
-        if isinstance(length, int) and length > min(tables):
+        if tables and isinstance(length, int) and length > min(tables):
             raise ValueError(
                 f"`{name}` holds sequences of {length} tokens, longer than the learned position table "
                 f"(`max_sequence_length={min(tables)}`); the longest input is {min(tables)}."
             )
+        if spec is None and name in vocabularies and is_array(value):
+            size, size_name = vocabularies[name]
+            check_token_ids(value, size, name, size_name)
+    if is_array(y) and len(model.outputs) == 1:
+        check_labels(y, model.outputs[0].shape[-1])
+
+
+def is_array(value):
+    return isinstance(value, np.ndarray) or keras.ops.is_tensor(value)
+
+
+def check_labels(y, num_logits):
+    """Raises a ValueError unless integer labels `y` are class ids in `[0, num_logits)`; float labels pass."""
+    values = keras.ops.convert_to_numpy(y)
+    if values.dtype.kind not in "iu" or values.size == 0:
+        return
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= num_logits:
+        raise ValueError(
+            f"Labels `y` must be ids in [0, {num_logits}) for the model's {num_logits} logits, got values from "
+            f"{low} to {high}. Leave positions out of the loss with a `sample_weight` of 0 (not an id such as -100)."
+        )
 
 
 def check_integer_inputs(expected, inputs):
@@ -246,6 +280,9 @@ def check_integer_inputs(expected, inputs):
 
 class TaskModel(TransformerModel):
     """A `TransformerModel` wrapping a backbone model (given as `backbone=`)."""
+
+    def input_vocabularies(self):
+        return self.backbone.input_vocabularies()
 
     def get_config(self):
         config = super().get_config()

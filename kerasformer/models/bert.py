@@ -139,6 +139,12 @@ class BERT(TransformerModel):
         self.pooler = pooler
         self._set_config(config)
 
+    def input_vocabularies(self):
+        vocabularies = {"token_ids": (self.token_embedding.vocab_size, "vocab_size")}
+        if self.segment_embedding is not None:
+            vocabularies["segment_ids"] = (self.segment_embedding.input_dim, "num_segments")
+        return vocabularies
+
     def call(self, inputs, training=None, mask=None):
         # Keras's Embedding clamps an id past its table on JAX and fails
         # opaquely elsewhere; eager segment ids are checked here by name,

@@ -163,6 +163,9 @@ class GPT(TransformerModel):
             logits = self.token_embedding(x, reverse=True, transposed_table=head_kernel)  # (B, T, V)
         return logits, x, (tuple(caches) if caches else None)
 
+    def input_vocabularies(self):
+        return {"token_ids": (self.token_embedding.vocab_size, "vocab_size")}
+
     def tied_head_kernel(self):
         """The tied LM head's `(C, V)` kernel (the token table transposed), or None if untied."""
         return None if self.lm_head is not None else self.token_embedding.transposed_table()

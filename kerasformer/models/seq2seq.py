@@ -90,6 +90,13 @@ class EncoderDecoderModel(TransformerModel):
             logits = self.target_embedding(scaled, reverse=True, transposed_table=head_kernel)  # (B, T, V)
         return logits, x, (tuple(caches) if caches else None)
 
+    def input_vocabularies(self):
+        target_name = "target_vocab_size" if getattr(self, "target_vocab_size", None) else "vocab_size"
+        return {
+            "encoder_token_ids": (self.source_embedding.vocab_size, "vocab_size"),
+            "decoder_token_ids": (self.target_embedding.vocab_size, target_name),
+        }
+
     def tied_head_kernel(self):
         """The tied LM head's `(C, V)` kernel (the target table transposed), or None if untied."""
         return None if self.lm_head is not None else self.target_embedding.transposed_table()

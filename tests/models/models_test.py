@@ -266,6 +266,35 @@ def test_sequences_past_the_position_table_are_refused_before_any_step():
         bert.predict({"token_ids": np.ones((1, 16), "int32"), "segment_ids": np.zeros((1, 17), "int32")}, verbose=0)
 
 
+def test_ids_and_labels_outside_the_model_are_refused_before_any_step():
+    # A compiled step cannot check values: on JAX and under XLA on TF the
+    # gathers clamped such ids, and fit trained on them without a word.
+    model, ids, labels = gpt_data()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    past = np.where(ids == ids.max(), VOCAB, ids)
+    with pytest.raises(ValueError, match=r"`token_ids` must lie in \[0, 64\) \(vocab_size=64\), got values from 1 to 64"):
+        model.fit(keras.ops.convert_to_tensor(past), labels, verbose=0)
+    with pytest.raises(ValueError, match=r"`token_ids` must lie in \[0, 64\)"):
+        model.predict(past, verbose=0)
+    for bad in (VOCAB, -100):
+        with pytest.raises(ValueError, match=rf"Labels `y` must be ids in \[0, 64\) for the model's 64 logits, got values from {min(1, bad)}"):
+            model.fit(ids, np.where(labels == labels.max(), bad, labels), verbose=0)
+    with pytest.raises(ValueError, match="Labels `y` must be ids"):
+        model.fit(ids, labels, validation_data=(ids, labels + VOCAB), verbose=0)
+    model.fit(ids, labels.astype("float32"), verbose=0)  # Float labels of ids still train, as Keras's losses take them.
+    transformer = Transformer(VOCAB, 1, 2, 32, 64, share_embeddings=False, tie_embeddings=False, target_vocab_size=20)
+    transformer.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    inputs = {"encoder_token_ids": ids, "decoder_token_ids": ids % 30}
+    with pytest.raises(ValueError, match=r"`decoder_token_ids` must lie in \[0, 20\) \(target_vocab_size=20\)"):
+        transformer.evaluate(inputs, labels % 20, verbose=0)
+    classifier, inputs, classes = bert_data()
+    classifier.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match=r"`segment_ids` must lie in \[0, 2\) \(num_segments=2\)"):
+        classifier.fit({**inputs, "segment_ids": inputs["segment_ids"] + 2}, classes, verbose=0)
+    with pytest.raises(ValueError, match=r"Labels `y` must be ids in \[0, 3\) for the model's 3 logits, got values from 0 to 3"):
+        classifier.fit(inputs, np.where(classes == 2, 3, classes), verbose=0)
+
+
 @pytest.mark.parametrize("builder, arguments, name, value", [
     (GPT, {}, "vocab_size", 0),
     (GPT, {}, "num_layers", -1),  # Keras would build a model with no blocks.
