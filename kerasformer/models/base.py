@@ -109,11 +109,13 @@ class TransformerModel(keras.Model):
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         check_data(self, x, y)
-        return super().evaluate(x, y, *args, **kwargs)
+        with reattach_jax_state(self):
+            return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
         check_data(self, x)
-        return super().predict(x, *args, **kwargs)
+        with reattach_jax_state(self):
+            return super().predict(x, *args, **kwargs)
 
     def input_vocabularies(self):
         """`{input name: (number of ids, the argument that sets it)}`: the ids each input may hold."""
@@ -156,6 +158,24 @@ class TransformerModel(keras.Model):
         config = dict(config)
         with dtype_policy_scope(config.pop("dtype", None)):
             return cls(**config)
+
+
+@contextlib.contextmanager
+def reattach_jax_state(model):
+    """On JAX, puts the state of an interrupted `evaluate` / `predict` back into `model`'s variables.
+
+    Keras's JAX trainer detaches the variables while its loop holds their
+    values, and only `fit` reattaches them when interrupted (its `finally`):
+    a Ctrl-C or a callback's error during `predict` left every weight None.
+    """
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    model._jax_state = None  # Only this call's state may come back, never an older one.
+    try:
+        yield
+    finally:
+        model.jax_state_sync()
 
 
 def guard_step_function(model, step_function, kind):

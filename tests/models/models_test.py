@@ -215,8 +215,9 @@ def test_float_token_ids_are_refused_by_name(family):
 
 
 def test_a_failed_fit_evaluate_or_predict_leaves_the_model_as_it_was():
-    # On JAX a step that failed to trace left every variable None (Keras
-    # detaches them during fit / evaluate / predict); on TF a first fit that
+    # On JAX a step that failed to trace, or a Ctrl-C during evaluate /
+    # predict, left every variable None (Keras detaches them while its loop
+    # holds their values); on TF a first fit that
     # failed made every later fit raise "Creating variables on a non-first call".
     model, ids, labels = gpt_data()
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -225,12 +226,22 @@ def test_a_failed_fit_evaluate_or_predict_leaves_the_model_as_it_was():
         model.fit(ids, wrong_labels, epochs=1, verbose=0)  # The first fit of a fresh model.
     model.fit(ids, labels, epochs=1, verbose=0)
     trained = to_numpy(model(ids))
+
+    class Interrupt(keras.callbacks.Callback):  # A Ctrl-C after the first batch.
+        def on_predict_batch_end(self, batch, logs=None):
+            raise KeyboardInterrupt
+
+        def on_test_batch_end(self, batch, logs=None):
+            raise KeyboardInterrupt
+
     for failing in (
         lambda: model.predict(ids + 0.5, verbose=0),
         lambda: model.evaluate(ids, wrong_labels, verbose=0),
         lambda: model.fit(ids, wrong_labels, epochs=1, verbose=0),
+        lambda: model.predict(ids, batch_size=4, callbacks=[Interrupt()], verbose=0),
+        lambda: model.evaluate(ids, labels, batch_size=4, callbacks=[Interrupt()], verbose=0),
     ):
-        with pytest.raises(Exception):
+        with pytest.raises((Exception, KeyboardInterrupt)):
             failing()
         np.testing.assert_array_equal(to_numpy(model(ids)), trained)
     before = model.evaluate(ids, labels, verbose=0)
