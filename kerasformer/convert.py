@@ -553,6 +553,12 @@ def to_huggingface(model, path=None):
     loadable by `transformers`' `from_pretrained` and by `from_huggingface`.
     """
     family = _family_of(model)
+    quantized = sorted(layer.path for layer in model._flatten_layers() if layer.quantization_mode is not None)
+    if quantized:  # Their kernels are integers (or float8) with scales apart: not a float checkpoint.
+        raise ValueError(
+            f"`model` is quantized ({len(quantized)} layers, e.g. {quantized[0]!r}); write the "
+            "float model before `model.quantize` to a Hugging Face checkpoint."
+        )
     _, rows, _, merge, make_config = FAMILIES[family]
     state = {name: _to_hf(variable, layout) for name, variable, layout in rows(model)}
     state = merge(state)

@@ -120,6 +120,23 @@ def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
         assert list(row) == seq2seq_greedy_by_full_passes(model, list(source), 6, start=1)
 
 
+
+def test_quantized_models_cached_greedy_equals_full_passes():
+    # The loop's projections of an int8 model (`model.quantize`) apply the kernels' scales, as its layers' calls do.
+    model = seq2seq(T5, tie_embeddings=True)
+    model.quantize("int8")
+    sources = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
+    out = generate(model, sources, max_new_tokens=6, start_token_id=1)
+    assert len(set(out.ravel().tolist())) > 1
+    for source, row in zip(sources, out):
+        assert list(row) == seq2seq_greedy_by_full_passes(model, list(source), 6, start=1)
+    model = gpt(position_type="rotary")
+    model.quantize("int8")
+    prompts = [[5, 6, 7], [8, 9]]
+    out = generate(model, prompts, max_new_tokens=6)
+    for prompt, row in zip(prompts, out):
+        assert list(row) == greedy_by_full_passes(model, prompt, 6)
+
 @pytest.mark.parametrize("builder", [T5, Transformer])
 def test_seq2seq_sources_of_different_lengths_equal_each_alone(builder):
     # A list of sources is padded with the pad id, which the encoder masks:

@@ -114,7 +114,11 @@ def _project(dense, x, input_dims=1):
     Same result as `dense(x)`; the kernel `(C, H, D)` or `(H, D, C)` is viewed
     as a matrix, which XLA on CPU runs about 3x faster than the 3-D einsum
     (measured on TensorFlow, batch-1 decoding) and which skips a layer call.
+    A quantized layer (`model.quantize`) runs its own call, which applies the
+    kernel's scale.
     """
+    if dense.quantization_mode is not None:
+        return dense(x)
     kernel = dense.kernel
     in_shape, out_shape = tuple(kernel.shape[:input_dims]), tuple(kernel.shape[input_dims:])
     in_size, out_size = math.prod(in_shape), math.prod(out_shape)
@@ -131,8 +135,10 @@ def _project_together(denses, x):
     Self-attention's query, key and value projections read the same input:
     one `(C, 3 H D)` matmul instead of three `(C, H D)` ones is fewer, larger
     kernels (XLA on CPU pays a fixed cost per kernel; torch per launch), and
-    the three input gradients arrive summed.
+    the three input gradients arrive summed. Quantized layers run apart.
     """
+    if any(d.quantization_mode is not None for d in denses):
+        return [_project(d, x) for d in denses]
     kernels = [ops.reshape(d.kernel, (d.kernel.shape[0], -1)) for d in denses]
     sizes = [k.shape[1] for k in kernels]
     lead = ops.shape(x)[:-1]

@@ -151,13 +151,20 @@ class TransformerModel(keras.Model):
     def get_config(self):
         # "dtype": the policy it was built under, which its layers took (e.g.
         # `mixed_bfloat16` in a `--precision bf16` run); it loads under it again.
-        return {"name": self.name, "trainable": self.trainable, "dtype": self.dtype_policy.name, **self._model_config}
+        config = {"name": self.name, "trainable": self.trainable, "dtype": self.dtype_policy.name, **self._model_config}
+        quantized = quantized_layers(self)
+        if quantized:
+            config["quantized_layers"] = quantized
+        return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        quantized = config.pop("quantized_layers", None)
         with dtype_policy_scope(config.pop("dtype", None)):
-            return cls(**config)
+            model = cls(**config)
+        quantize_layers(model, quantized)
+        return model
 
 
 @contextlib.contextmanager
@@ -312,9 +319,45 @@ class TaskModel(TransformerModel):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        quantized = config.pop("quantized_layers", None)
         with dtype_policy_scope(config.pop("dtype", None)):
             config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-            return cls(**config)
+            model = cls(**config)
+        quantize_layers(model, quantized)
+        return model
+
+
+# A model rebuilds from its constructor arguments, with float kernels. The
+# layers that `model.quantize(mode)` replaced (int8, int4, float8, GPTQ, ...)
+# are listed in its config, by path, and quantized again when it loads, so
+# that the weights of a quantized `.keras` file find their variables.
+def quantized_layers(model):
+    """`{layer path: {"mode", "config"}}` of `model`'s quantized layers."""
+    return {
+        layer.path: {
+            "mode": layer.quantization_mode,
+            "config": keras.saving.serialize_keras_object(getattr(layer, "quantization_config", None)),
+        }
+        for layer in model._flatten_layers(include_self=False)
+        if layer.quantization_mode is not None
+    }
+
+
+def quantize_layers(model, quantized):
+    """Quantizes the layers of a rebuilt `model` as `quantized_layers` listed them."""
+    if not quantized:
+        return
+    layers = {layer.path: layer for layer in model._flatten_layers(include_self=False)}
+    for path, entry in quantized.items():
+        layer = layers.get(path)
+        if layer is None:
+            raise ValueError(f"The config lists a quantized layer {path!r} that {type(model).__name__} does not have.")
+        if layer.quantization_mode is None:  # A backbone's layers are quantized by its own config.
+            config = keras.saving.deserialize_keras_object(entry["config"])
+            layer.quantize(entry["mode"], type_check=False, config=config)
+    if keras.backend.backend() == "torch":  # As `Model.quantize` does: track the new variables.
+        for layer in model._flatten_layers():
+            layer._track_variables()
 
 
 @contextlib.contextmanager

@@ -214,3 +214,12 @@ def test_bad_sources_are_named():
         from_huggingface("/nonexistent/folder")
     with pytest.raises(ValueError, match="source"):
         from_huggingface(42)
+
+
+def test_a_quantized_model_is_not_written_as_a_float_checkpoint():
+    # Its kernels are int8 with scales apart: written as they are, they would be a checkpoint of wrong weights.
+    model = GPT(vocab_size=50, num_layers=1, num_heads=2, hidden_dim=16, max_sequence_length=8)
+    to_huggingface(model)
+    model.quantize("int8")
+    with pytest.raises(ValueError, match="`model` is quantized .*'block_0/"):
+        to_huggingface(model)

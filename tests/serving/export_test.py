@@ -334,3 +334,16 @@ def test_a_bf16_model_serves_float32_outputs_close_to_its_own(family, tmp_path):
         assert {spec.dtype for spec in function.structured_outputs.values()} <= {tf.float32, tf.int32}, name
     served = run_saved_model(path, {"serving_default": {k: v.tolist() for k, v in inputs[1].items()}})["serving_default"]
     np.testing.assert_allclose(np.array(served["logits"]), expected, atol=0.05 * np.abs(expected).max())
+
+
+def test_a_quantized_gpt_exports_its_int8_logits_and_greedy_tokens(tmp_path):
+    model = GPT(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, max_sequence_length=16)
+    model.quantize("int8")
+    ids = token_ids((2, 5))
+    path = export(model, tmp_path / "gpt_int8")
+    results = run_saved_model(path, {
+        "serving_default": {"token_ids": ids.tolist(), "padding_mask": np.ones_like(ids).tolist()},
+        "generate": {"token_ids": ids.tolist(), "padding_mask": np.ones_like(ids).tolist(), "max_new_tokens": 4, **GREEDY},
+    })
+    np.testing.assert_allclose(results["serving_default"]["logits"], to_numpy(model(ids)), atol=1e-3)
+    assert results["generate"]["generated_ids"] == generate(model, ids, max_new_tokens=4).tolist()
