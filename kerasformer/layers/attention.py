@@ -53,6 +53,13 @@ def _check_rank(name, tensor, rank, expected):
         )
 
 
+def check_sequence_shapes(**shapes):
+    """Raises a ValueError naming the first of `shapes` (name: shape or None) that is not `(batch, length, width)`."""
+    for name, shape in shapes.items():
+        if shape is not None and len(shape) != 3:
+            raise ValueError(f"`{name}` must have shape (batch, length, width), got shape {tuple(shape)}.")
+
+
 def merge_attention_masks(
     query_length,
     key_length,
@@ -308,6 +315,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.fused_attention = None
 
     def build(self, query_shape, value_shape=None, key_shape=None):
+        check_sequence_shapes(query=query_shape, value=value_shape, key=key_shape)
         width = query_shape[-1]
         if self.head_dim is None:
             if width % self.num_heads:
@@ -316,6 +324,11 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"({width}), or pass `head_dim`."
                 )
             self.head_dim = width // self.num_heads
+        if self.use_rotary and self.head_dim % 2:
+            raise ValueError(
+                f"Rotary positions (`use_rotary`) rotate pairs of features: the head width "
+                f"(`head_dim`, here {self.head_dim}) must be even."
+            )
         value_shape = value_shape or query_shape
         key_shape = key_shape or value_shape
         output_dim = self.output_dim or width

@@ -2,7 +2,7 @@
 
 import keras
 
-from kerasformer.layers.attention import MultiHeadAttention, get_keras_mask
+from kerasformer.layers.attention import MultiHeadAttention, check_sequence_shapes, get_keras_mask
 from kerasformer.layers.feedforward import FeedForward, resolve_activation
 from kerasformer.layers.residual import Residual, make_norm
 
@@ -166,6 +166,7 @@ class EncoderBlock(_TransformerBlock):
     """
 
     def build(self, inputs_shape):
+        check_sequence_shapes(inputs=inputs_shape)
         attention = self._attention("self_attention", self.use_rotary)
         attention.build(inputs_shape)
         self.self_attention = self._residual(attention, "self_attention_residual")
@@ -239,6 +240,7 @@ class DecoderBlock(_TransformerBlock):
     """
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
+        check_sequence_shapes(inputs=inputs_shape, encoder_outputs=encoder_outputs_shape)
         attention = self._attention("self_attention", self.use_rotary)
         attention.build(inputs_shape)
         self.self_attention = self._residual(attention, "self_attention_residual")

@@ -215,6 +215,13 @@ def test_bad_arguments_name_the_argument():
         layer(random_inputs(1, 4, 16), attention_mask=np.ones((1, 4, 5), bool))
     with pytest.raises(ValueError, match="dropout"):
         MultiHeadAttention(num_heads=2, dropout=1.5)
+    # Shapes that failed deep inside Keras (an IndexError; an odd rotary head width at its first call).
+    with pytest.raises(ValueError, match=r"`query` must have shape \(batch, length, width\), got shape \(4, 16\)"):
+        MultiHeadAttention(num_heads=2)(random_inputs(4, 16))
+    with pytest.raises(ValueError, match=r"`value` must have shape \(batch, length, width\)"):
+        MultiHeadAttention(num_heads=2)(random_inputs(1, 4, 16), random_inputs(4, 16))
+    with pytest.raises(ValueError, match=r"`head_dim`, here 3\) must be even"):
+        MultiHeadAttention(num_heads=4, use_rotary=True).build((1, 4, 12))
 
 
 def test_head_dim_need_not_divide_the_width():

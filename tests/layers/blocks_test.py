@@ -214,6 +214,10 @@ def test_bad_arguments_name_the_argument():
     decoder_only(random_inputs(1, 3, 32))
     with pytest.raises(ValueError, match="encoder_outputs"):
         decoder_only(random_inputs(1, 3, 32), random_inputs(1, 3, 32))
+    with pytest.raises(ValueError, match=r"`inputs` must have shape \(batch, length, width\), got shape \(3, 32\)"):
+        EncoderBlock(num_heads=2)(random_inputs(3, 32))
+    with pytest.raises(ValueError, match=r"`encoder_outputs` must have shape \(batch, length, width\)"):
+        DecoderBlock(num_heads=2)(random_inputs(1, 3, 32), random_inputs(3, 32))
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["decoder_only", "encoder_decoder"])
