@@ -553,7 +553,9 @@ def to_huggingface(model, path=None):
     loadable by `transformers`' `from_pretrained` and by `from_huggingface`.
     """
     family = _family_of(model)
-    quantized = sorted(layer.path for layer in model._flatten_layers() if layer.quantization_mode is not None)
+    from kerasformer.models.base import quantized_layers
+
+    quantized = sorted(quantized_layers(model))
     if quantized:  # Their kernels are integers (or float8) with scales apart: not a float checkpoint.
         raise ValueError(
             f"`model` is quantized ({len(quantized)} layers, e.g. {quantized[0]!r}); write the "

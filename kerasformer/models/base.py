@@ -162,9 +162,14 @@ class TransformerModel(keras.Model):
         config = dict(config)
         quantized = config.pop("quantized_layers", None)
         with dtype_policy_scope(config.pop("dtype", None)):
-            model = cls(**config)
+            model = cls(**cls._deserialize_arguments(config))
         quantize_layers(model, quantized)
         return model
+
+    @classmethod
+    def _deserialize_arguments(cls, config):
+        """The constructor arguments in `config`, objects deserialized (under the model's dtype policy)."""
+        return config
 
 
 @contextlib.contextmanager
@@ -317,14 +322,8 @@ class TaskModel(TransformerModel):
         return config
 
     @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        quantized = config.pop("quantized_layers", None)
-        with dtype_policy_scope(config.pop("dtype", None)):
-            config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-            model = cls(**config)
-        quantize_layers(model, quantized)
-        return model
+    def _deserialize_arguments(cls, config):
+        return {**config, "backbone": keras.saving.deserialize_keras_object(config["backbone"])}
 
 
 # A model rebuilds from its constructor arguments, with float kernels. The
