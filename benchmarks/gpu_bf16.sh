@@ -10,9 +10,11 @@
 #
 # WHEEL_DIR: for a GPU machine that has JAX and PyTorch but not Keras (and no
 # package index): wheels of keras, namex, optree and, for the side-by-side
-# KerasHub figures, keras-hub, fetched elsewhere with e.g.
+# KerasHub figures, keras-hub with the kagglehub and kagglesdk it imports
+# (they import protobuf too), fetched elsewhere with e.g.
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_17_x86_64 -d wheels keras namex optree keras-hub
+#     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d wheels \
+#     keras namex optree keras-hub kagglehub==1.0.2 kagglesdk==0.1.28
 # They are installed into a temporary folder, not the machine's Python.
 # KerasHub needs TensorFlow only for its tokenizers; without keras-hub the
 # benchmark times kerasformer alone.

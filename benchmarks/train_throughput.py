@@ -280,11 +280,11 @@ def fit(model, batches, steps):
     keras.Model.fit(model, batches, epochs=1, steps_per_epoch=steps, verbose=0)
 
 
-def compile_and_warm_up(model, batches, loss, optimizer):
-    """Compiles `fit` as `kerasformer train` does and runs a few steps (tracing, XLA)."""
+def compile_and_warm_up(model, batches, loss, optimizer, jit_compile="auto"):
+    """Compiles `fit` as `kerasformer train --jit-compile` does and runs a few steps (tracing, XLA)."""
     from kerasformer.train import resolve_jit_compile
 
-    jit_compile = resolve_jit_compile("auto")  # XLA on TF and JAX for both models.
+    jit_compile = resolve_jit_compile(jit_compile)  # "auto": XLA on TF and JAX for both models.
     # No metrics for either model, as `kerasformer train gpt` compiles:
     # KerasHub's `CausalLM.compile` would add a token accuracy by default
     # (an argmax over the (B, T, V) logits every step, ~15 ms on TF).
@@ -315,6 +315,10 @@ def main():
     parser.add_argument("--batch", type=int, help=f"sequences per step (default {CONFIG['batch']})")
     parser.add_argument("--length", type=int, help="tokens per sequence (default: the config's context)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: mixed_bfloat16 for both models")
+    parser.add_argument(
+        "--jit-compile", choices=("auto", "true", "false"), default="auto",
+        help="as `kerasformer train --jit-compile`, for both models (true on torch: torch.compile)",
+    )
     parser.add_argument(
         "--peak-tflops", type=float,
         help="MFU over this stated peak (e.g. 989: an H200's dense bf16) instead of the measured fp32 CPU matmul rate",
@@ -358,7 +362,7 @@ def main():
     # Each library's own training loss: what `kerasformer train` and
     # `GPT2CausalLM.compile()` use (the values are equal; see losses.py);
     # and its AdamW (the same arithmetic; see optimizers.py).
-    compile_and_warm_up(ours, ours_batches, TokenCrossEntropy(), AdamW(1e-4))
+    compile_and_warm_up(ours, ours_batches, TokenCrossEntropy(), AdamW(1e-4), args.jit_compile)
     theirs = None
     if keras_hub is not None:
         backbone = keras_hub.models.GPT2Backbone(
@@ -371,7 +375,7 @@ def main():
         their_batches = ArrayBatches(their_inputs, y, batch_size=c["batch"], steps=steps)
         compile_and_warm_up(
             theirs, their_batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            keras.optimizers.AdamW(1e-4),
+            keras.optimizers.AdamW(1e-4), args.jit_compile,
         )
     # Alternating rounds, best of each: a background hiccup in one round
     # cannot decide the ratio. The machine's rate drifts with its neighbours'
@@ -392,6 +396,8 @@ def main():
     achieved = ours_rate * flops_per_token
     backend = keras.backend.backend()
     setting = f"{args.preset or 'small config'} B{c['batch']} T{c['length']} {args.precision}"
+    if args.jit_compile != "auto":
+        setting += f" jit_compile={args.jit_compile}"
     comparison = (
         f"KerasHub {theirs_rate:8.0f} tok/s | ratio {ours_rate / theirs_rate:4.2f}x" if theirs is not None
         else "KerasHub not run"

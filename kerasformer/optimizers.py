@@ -70,6 +70,26 @@ class AdamW(keras.optimizers.AdamW):
             v.value.device == device and v.value.dtype == torch.float32 for v in variables
         )
 
+    def _host_step(self):
+        """The number of this update (`iterations + 1`) as a Python float, read from the device once.
+
+        The kernel's epsilon depends on it. On a GPU each read waits for every
+        queued kernel, so the host could not queue the next step while the
+        GPU runs this one. After the first read it is counted here: Keras adds
+        one to `iterations` after each update (one in-place write of its
+        tensor), so a tensor one write further on than at the last update
+        holds the last step. Any other write (a checkpoint restored, an
+        `assign`, accumulated gradients) is read again.
+        """
+        tensor = self.iterations.value
+        last = getattr(self, "_last_host_step", None)
+        if last is not None and last[0] is tensor and last[1] + 1 == tensor._version:
+            step = last[2] + 1.0
+        else:
+            step = float(keras.ops.convert_to_numpy(tensor)) + 1.0
+        self._last_host_step = (tensor, tensor._version, step)
+        return step
+
     def _clip_gradients(self, grads):
         torch_backend = keras.backend.backend() == "torch"
         if not self.global_clipnorm or self.clipnorm or not torch_backend or any(g is None for g in grads):
@@ -93,9 +113,10 @@ class AdamW(keras.optimizers.AdamW):
         import torch
 
         with torch.no_grad():
-            step = float(keras.ops.convert_to_numpy(self.iterations)) + 1.0
-            learning_rate = float(keras.ops.convert_to_numpy(learning_rate))
             device = trainable_variables[0].value.device
+            step = self._host_step()
+            # A tensor, not a float read from the device (a sync, as `_host_step` explains).
+            learning_rate = keras.ops.convert_to_tensor(learning_rate).to(device, torch.float32)
             steps = torch.full((), step, dtype=torch.float32, device=device)
             # Keras: var -= lr sqrt(bc2) / bc1 * m / (sqrt(v) + eps); torch's kernel
             # divides by sqrt(v) / sqrt(bc2) + eps', equal for eps' = eps / sqrt(bc2).

@@ -11,15 +11,17 @@ from tests.conftest import class_name_after_fresh_load, to_numpy
 SHAPES = [(6, 5), (5,), (3, 2, 4)]
 
 
-def numpy_adamw(weights, grads_per_step, rates, decayed, beta_1, beta_2, epsilon, weight_decay, clipnorm):
+def numpy_adamw(
+    weights, grads_per_step, rates, decayed, beta_1, beta_2, epsilon, weight_decay, clipnorm, step_numbers=None
+):
     """Keras's AdamW: global norm clipping, decoupled decay, then Adam with
-    epsilon outside the bias correction."""
+    epsilon outside the bias correction. `step_numbers`: each update's t, 1, 2, ... unless given."""
     weights = [w.astype("float64") for w in weights]
     m = [np.zeros_like(w) for w in weights]
     v = [np.zeros_like(w) for w in weights]
-    for t, rate in enumerate(rates, start=1):
+    for i, (t, rate) in enumerate(zip(step_numbers or range(1, len(rates) + 1), rates)):
         # A list of gradients per step, or a function of the current weights.
-        grads = grads_per_step(weights) if callable(grads_per_step) else grads_per_step[t - 1]
+        grads = grads_per_step(weights) if callable(grads_per_step) else grads_per_step[i]
         if clipnorm:
             norm = np.sqrt(sum(np.sum(g.astype("float64") ** 2) for g in grads))
             grads = [g * min(1.0, clipnorm / norm) for g in grads]
@@ -60,6 +62,25 @@ def test_adamw_matches_numpy_with_a_schedule_and_decay_exclusions(optimizer_clas
     for variable, want in zip(variables, expected):
         np.testing.assert_allclose(to_numpy(variable), want, rtol=2e-5, atol=2e-6)
     assert int(to_numpy(optimizer.iterations)) == steps
+
+
+def test_a_restored_step_count_is_read_again():
+    """The fused update counts its steps on the host after one read; an
+    `iterations` set from outside (a restored checkpoint) is read again."""
+    rng = np.random.default_rng(2)
+    initial = [rng.normal(size=s).astype("float32") for s in SHAPES]
+    grads_per_step = [[rng.normal(size=s).astype("float32") for s in SHAPES] for _ in range(5)]
+    variables = [keras.Variable(w) for w in initial]
+    optimizer = AdamW(learning_rate=1e-2, weight_decay=0.1, beta_2=0.9, epsilon=1e-3)
+    for i, grads in enumerate(grads_per_step):
+        if i == 2:
+            optimizer.iterations.assign(10)  # The next updates are steps 11 and 12 of Adam's bias correction.
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    expected = numpy_adamw(
+        initial, grads_per_step, [1e-2] * 5, [True] * 3, 0.9, 0.9, 1e-3, 0.1, None, step_numbers=[1, 2, 11, 12, 13]
+    )
+    for variable, want in zip(variables, expected):
+        np.testing.assert_allclose(to_numpy(variable), want, rtol=2e-5, atol=2e-6)
 
 
 def test_the_fused_kernel_runs_on_torch():

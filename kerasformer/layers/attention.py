@@ -107,7 +107,10 @@ def merge_attention_masks(
         attention_mask = ops.cast(attention_mask, "bool")  # (B, T, S)
         mask = attention_mask if mask is None else ops.logical_and(mask, attention_mask)
     if use_causal_mask:
-        query_positions = ops.arange(query_length) + ops.cast(query_start, "int32")
+        if isinstance(query_start, int):  # No host value copied to the device (on a GPU, a sync per layer).
+            query_positions = ops.arange(query_start, query_start + query_length)
+        else:
+            query_positions = ops.arange(query_length) + ops.cast(query_start, "int32")
         key_positions = ops.arange(key_length)
         causal = key_positions[None, :] <= query_positions[:, None]  # (T, S)
         causal = causal[None]  # (1, T, S)

@@ -4,7 +4,8 @@ import keras
 import numpy as np
 import pytest
 
-from kerasformer.layers.linear import dense_linear, linear, uses_onednn
+from kerasformer.layers import linear as linear_module
+from kerasformer.layers.linear import dense_linear, linear, pads_for_tensor_cores, uses_onednn
 from tests.conftest import BACKEND, random_inputs, to_numpy, value_and_gradients
 
 
@@ -80,6 +81,37 @@ def test_torch_takes_onednn_for_2d_float32_on_cpu_only():
     assert not uses_onednn(x.double(), kernel.double())  # float64: torch.matmul
     assert not uses_onednn(torch.ones(2, 4, 3), kernel)  # 3-D: callers flatten first
     assert not uses_onednn(torch.ones(0, 3), kernel)  # empty batch
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="XLA (TF, JAX) pads 16-bit GEMMs for the GPU itself")
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_torch_pads_odd_output_widths_for_tensor_cores(with_bias, monkeypatch):
+    """The padded product (taken on a GPU in 16 bits) is exact, with its gradients; here forced on CPU."""
+    import torch
+
+    assert not pads_for_tensor_cores(torch.ones(4, 3, dtype=torch.bfloat16), torch.ones(3, 5, dtype=torch.bfloat16))
+    if torch.cuda.is_available():
+        half = {"device": "cuda", "dtype": torch.bfloat16}
+        assert pads_for_tensor_cores(torch.ones(4, 3, **half), torch.ones(3, 50257, **half))
+        assert not pads_for_tensor_cores(torch.ones(4, 3, **half), torch.ones(3, 50304, **half))
+        assert not pads_for_tensor_cores(torch.ones(4, 3, device="cuda"), torch.ones(3, 50257, device="cuda"))
+    monkeypatch.setattr(linear_module, "uses_onednn", lambda *tensors: False)
+    monkeypatch.setattr(linear_module, "pads_for_tensor_cores", lambda x, kernel: True)
+    x, kernel, bias = random_inputs(7, 3, seed=1), random_inputs(3, 5, seed=2), random_inputs(5, seed=3)
+    upstream = random_inputs(7, 5, seed=4)
+    inputs = (x, kernel, bias) if with_bias else (x, kernel)
+
+    def weighted_sum(*tensors):
+        y = linear(*tensors)
+        assert tuple(y.shape) == (7, 5)
+        return keras.ops.sum(keras.ops.multiply(y, upstream))
+
+    value, gradients = value_and_gradients(weighted_sum, *inputs)
+    np.testing.assert_allclose(value, np.sum((x @ kernel + (bias if with_bias else 0)) * upstream), rtol=1e-5)
+    np.testing.assert_allclose(gradients[0], upstream @ kernel.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gradients[1], x.T @ upstream, rtol=1e-5, atol=1e-6)
+    if with_bias:
+        np.testing.assert_allclose(gradients[2], upstream.sum(0), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.jit.trace is torch's (generation traces its loop body)")
