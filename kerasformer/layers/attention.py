@@ -432,15 +432,6 @@ class MultiHeadAttention(keras.layers.Layer):
             use_causal_mask = True
         heads_major = cache is not None  # k, v: (B, K, S, D), else (B, S, K, D)
 
-        query_length, key_length = ops.shape(q)[1], ops.shape(k)[2 if heads_major else 1]
-        mask = merge_attention_masks(
-            query_length,
-            key_length,
-            padding_mask=padding_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask and (cache is None or cache_update_index is not None),
-            query_start=query_start,
-        )
         # `is_causal` lets the fused kernel skip the mask tensor altogether.
         only_causal = (
             use_causal_mask
@@ -448,6 +439,17 @@ class MultiHeadAttention(keras.layers.Layer):
             and padding_mask is None
             and attention_mask is None
         )
+        mask = None
+        if not (only_causal and attention_bias is None):  # Else `_attend` builds it only if its path needs it.
+            query_length, key_length = ops.shape(q)[1], ops.shape(k)[2 if heads_major else 1]
+            mask = merge_attention_masks(
+                query_length,
+                key_length,
+                padding_mask=padding_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask and (cache is None or cache_update_index is not None),
+                query_start=query_start,
+            )
         output, scores = self._attend(
             q, k, v, mask, attention_bias, only_causal, return_attention_scores, training, heads_major
         )
