@@ -484,6 +484,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 mask=None if (mask is None or only_causal) else mask[:, None],  # (B, 1, T, S)
                 scale=scale,
                 is_causal=only_causal and bias is None,
+                # On torch SDPA picks flash attention itself where it can; Keras's
+                # own check (None) builds `SDPAParams`, a graph break under `torch.compile`.
+                flash_attention=False if keras.backend.backend() == "torch" else None,
             )
             return output, None
 

@@ -73,10 +73,15 @@ def dense_linear(dense, x):
 
 def uses_onednn(x, kernel, bias=None):
     """Whether `linear` runs this product through oneDNN (torch, CPU, fp32, 2-D)."""
-    if keras.backend.backend() != "torch" or not _onednn_available():
+    if keras.backend.backend() != "torch":
         return False
     import torch
 
+    # Checked first: under `torch.compile` Inductor picks its own kernels, and
+    # Dynamo cannot trace `torch.backends.mkldnn.is_available` (a graph break
+    # in every projection).
+    if torch.compiler.is_compiling() or not _onednn_available():
+        return False
     tensors = [x, kernel] + ([] if bias is None else [bias])
     return (
         x.ndim == 2
@@ -84,7 +89,6 @@ def uses_onednn(x, kernel, bias=None):
         and (bias is None or bias.ndim == 1)
         and x.shape[0] > 0
         and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-        and not torch.compiler.is_compiling()  # Inductor picks its own kernels.
         and not torch.jit.is_tracing()  # The tracer cannot record the op's `Scalar?[]` argument.
     )
 

@@ -155,6 +155,39 @@ def test_gpt_right_padding_does_not_change_real_positions():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_torch_compile_traces_forward_and_loss_as_one_graph(family):
+    # `compile(jit_compile=True)` on torch is `torch.compile`. Graph breaks in
+    # our layers (oneDNN's availability check in every projection, Keras's
+    # flash-attention check, the cross-entropy's autograd.Function factory)
+    # cut a GPT into ~50 graphs, and in a 12-block model Dynamo's recompile
+    # limit then left the layers eager. `fullgraph=True` raises at any break.
+    if keras.backend.backend() != "torch":
+        pytest.skip("torch.compile is torch's; TF and JAX compile the same step with XLA (their tests' default)")
+    import torch
+
+    from kerasformer.losses import TokenCrossEntropy
+
+    model, inputs, labels = task(family)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True) if family == "bert" else TokenCrossEntropy()
+    to_tensor = lambda a: torch.as_tensor(np.ascontiguousarray(a))  # noqa: E731
+    inputs = {k: to_tensor(v) for k, v in inputs.items()} if isinstance(inputs, dict) else to_tensor(inputs)
+    labels = to_tensor(labels)
+    variables = [v.value for v in model.trainable_variables]
+
+    def loss_of(inputs, labels):
+        return loss(labels, model(inputs, training=True))
+
+    eager = loss_of(inputs, labels)
+    eager_gradients = torch.autograd.grad(eager, variables)
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_of, backend="aot_eager", fullgraph=True)(inputs, labels)
+    gradients = torch.autograd.grad(compiled, variables)
+    np.testing.assert_allclose(to_numpy(compiled), to_numpy(eager), rtol=1e-6)
+    for gradient, eager_gradient in zip(gradients, eager_gradients):
+        np.testing.assert_allclose(to_numpy(gradient), to_numpy(eager_gradient), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_variable_sequence_length_without_rebuilding(family):
     model, inputs, _ = task(family)
     weights = len(model.weights)
