@@ -154,7 +154,7 @@ def test_gpt_right_padding_does_not_change_real_positions():
     np.testing.assert_allclose(to_numpy(model(padded))[:, : ids.shape[1]], to_numpy(model(ids)), atol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ["llama-style-gpt"])
 def test_torch_compile_traces_forward_and_loss_as_one_graph(family):
     # `compile(jit_compile=True)` on torch is `torch.compile`. Graph breaks in
     # our layers (oneDNN's availability check in every projection, Keras's
@@ -167,7 +167,14 @@ def test_torch_compile_traces_forward_and_loss_as_one_graph(family):
 
     from kerasformer.losses import TokenCrossEntropy
 
-    model, inputs, labels = task(family)
+    if family == "llama-style-gpt":  # Rotary positions, RMSNorm, SwiGLU, grouped-query attention.
+        _, inputs, labels = gpt_data()
+        model = GPT(
+            VOCAB, 2, 4, 32, position_type="rotary", norm_type="rms_norm", activation="swiglu",
+            num_key_value_heads=2, use_bias=False,
+        )
+    else:
+        model, inputs, labels = task(family)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True) if family == "bert" else TokenCrossEntropy()
     to_tensor = lambda a: torch.as_tensor(np.ascontiguousarray(a))  # noqa: E731
     inputs = {k: to_tensor(v) for k, v in inputs.items()} if isinstance(inputs, dict) else to_tensor(inputs)
