@@ -484,8 +484,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 mask=None if (mask is None or only_causal) else mask[:, None],  # (B, 1, T, S)
                 scale=scale,
                 is_causal=only_causal and bias is None,
-                # On torch SDPA picks flash attention itself where it can; Keras's
-                # own check (None) builds `SDPAParams`, a graph break under `torch.compile`.
+                # On torch SDPA picks flash attention itself where it can. Keras's own
+                # check (None) builds `SDPAParams`: a graph break under `torch.compile`,
+                # and host time per layer and token when eager (batch-1 greedy
+                # generation on 2 CPU cores: 246 -> 291 new tokens/s).
                 flash_attention=False if keras.backend.backend() == "torch" else None,
             )
             return output, None
