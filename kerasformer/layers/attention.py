@@ -177,8 +177,13 @@ def _fused_attention_is_faster():
     B16/T128/H4/D64 (`benchmarks/attention_paths.py`; fused vs explicit):
     - jax (jit): 24.1 vs 22.6 ms -> explicit. On GPU,
       `jax.nn.dot_product_attention` reaches cuDNN flash attention -> fused.
-    - tensorflow (XLA): 16.6 vs 15.2 ms -> explicit. Keras implements the
-      "fused" op with the same einsums, so there is no kernel to win.
+    - tensorflow (XLA): 16.6 vs 15.2 ms -> explicit (TF 2.21 on Zen 4:
+      11.1 vs 9.2 ms). Keras implements the "fused" op with the same einsums,
+      so there is no kernel to win. A hand-written backward (heads-major
+      operands, materialized transposes so that every product is
+      non-transposed) was no faster than XLA's own gradient: 7.5-7.9 vs 7.5 ms
+      (fwd+bwd alone, no copy out), 0.999x in the training step (median of 6
+      paired rounds).
     - torch (eager): 15.0 vs 16.4 ms -> fused (SDPA: one kernel, no score
       tensor kept for backward); on CUDA it is flash attention.
     """
@@ -201,9 +206,10 @@ def causal_query_blocks(query_length, key_length):
     1 (no split) for short, dynamic or non-square attention, and on the other
     backends. Measured on 2 CPU cores, B16/T128/H4/D64: the causal core's
     fwd+bwd alone (`benchmarks/attention_paths.py`) takes 0.71x the unsplit
-    time on jax and 0.87x on tensorflow (XLA); the throughput benchmark's whole
-    training step, median of 8-10 paired rounds vs unsplit, gained 2.7% on jax
-    but 0.985-0.996x on tensorflow, so TF stays unsplit. torch takes SDPA.
+    time on jax and 0.87x on tensorflow (XLA; 0.96x with TF 2.21); the
+    throughput benchmark's whole training step, median of 8-10 paired rounds
+    vs unsplit, gained 2.7% on jax but 0.985-0.996x on tensorflow, so TF stays
+    unsplit. torch takes SDPA.
     """
     if keras.backend.backend() != "jax":
         return 1
