@@ -28,8 +28,11 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
     Args:
         kind: "char" (Unicode code points, vocabulary = largest code point
             seen + 1), "byte" (256 bytes), "bpe" (byte-pair merges),
-            "wordpiece" or "sentencepiece" (unigram); vocabularies trained by
-            KerasHub's tools ("bpe" with SentencePiece's BPE trainer).
+            "wordpiece" or "sentencepiece" (unigram). WordPiece vocabularies
+            are trained by KerasHub's tool; "bpe" and "sentencepiece" by
+            SentencePiece's trainer (as KerasHub's tool, but without its
+            normalization), so that they decode to the exact text, newlines
+            and spaces included, as GPT-2's and LLaMA's tokenizers do.
         texts: a list of strings.
         vocabulary_size: for "bpe", "wordpiece" and "sentencepiece".
     """
@@ -51,30 +54,77 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
         )
         return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=False, dtype="int32")
     if kind in ("sentencepiece", "bpe"):
-        import sentencepiece
-
-        # The trainer logs its whole spec and every iteration (~90 lines) at INFO.
-        sentencepiece.set_min_log_level(1)
-        try:
-            proto = keras_hub.tokenizers.compute_sentence_piece_proto(
-                tf.data.Dataset.from_tensor_slices(list(texts)), vocabulary_size=vocabulary_size or 8000,
-                model_type="bpe" if kind == "bpe" else "unigram",
-            )  # KerasHub reserves id 0 for <pad>, 1 <unk>, 2 <s>, 3 </s>.
-        except RuntimeError as error:  # The trainer's own words: "... Please set it to a value <= 1479."
-            most = re.search(r"value <= (\d+)", str(error))
-            if most is None:  # Too small: e.g. "[insert_id(trainer_spec_.eos_id(), ...)]" for 3.
-                raise ValueError(
-                    f"SentencePiece cannot train a {kind} vocabulary of `vocabulary_size` {vocabulary_size or 8000} on "
-                    f"these texts: it needs room for its 4 reserved pieces and the texts' characters ({error})."
-                ) from None
-            raise ValueError(
-                f"`vocabulary_size` {vocabulary_size or 8000} is more than a {kind} vocabulary these texts can give; "
-                f"at most {most.group(1)}."
-            ) from None
-        finally:
-            sentencepiece.set_min_log_level(0)  # SentencePiece's default.
-        return keras_hub.tokenizers.SentencePieceTokenizer(proto=proto, dtype="int32")
+        return keras_hub.tokenizers.SentencePieceTokenizer(
+            proto=_sentence_piece_proto(kind, texts, vocabulary_size or 8000), dtype="int32"
+        )
     raise ValueError(f"Unknown tokenizer `kind` {kind!r}; expected one of {TOKENIZER_KINDS}.")
+
+
+# SentencePiece trained to give back the exact text, as LLaMA's tokenizer does.
+# KerasHub's `compute_sentence_piece_proto` applies NFKC normalization, which
+# turns every newline and run of spaces into one space: a GPT trained on
+# Shakespeare through it could never end a line.
+_LOSSLESS_SENTENCE_PIECE = dict(
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    allow_whitespace_only_pieces=True,  # Runs of spaces (indentation) may be pieces.
+    add_dummy_prefix=False,  # A text's tokens are then those of its parts, as in GPT-2.
+    user_defined_symbols=["\n"],  # A piece of its own; the trainer reads lines.
+    character_coverage=1.0,  # Every character of the texts is a piece.
+    split_digits=True,
+    pad_id=0, unk_id=1, bos_id=2, eos_id=3,  # KerasHub's reserved ids.
+)
+_LONGEST_SENTENCE = 4096  # Characters; the trainer skips longer sentences, so lines are cut.
+_BYTE_PIECES = 256
+
+
+def _sentence_piece_proto(kind, texts, vocabulary_size):
+    """A trained SentencePiece model ("bpe" or unigram "sentencepiece") that decodes to the exact text.
+
+    With room in `vocabulary_size` for the 256 UTF-8 byte pieces beyond the
+    texts' characters, a character the texts lack is encoded as its bytes
+    (`byte_fallback`, as LLaMA) rather than as the unknown piece.
+    """
+    import io
+
+    import sentencepiece
+
+    characters = set().union(*map(set, texts)) - {"\n"}
+    reserved = 4 + len(_LOSSLESS_SENTENCE_PIECE["user_defined_symbols"])
+    sentences = [
+        line[start : start + _LONGEST_SENTENCE]
+        for text in texts
+        for line in text.splitlines()
+        for start in range(0, len(line), _LONGEST_SENTENCE)
+    ]
+    model = io.BytesIO()
+    # The trainer logs its whole spec and every iteration (~90 lines) at INFO.
+    sentencepiece.set_min_log_level(1)
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocabulary_size,
+            model_type="bpe" if kind == "bpe" else "unigram",
+            byte_fallback=vocabulary_size >= reserved + len(characters) + _BYTE_PIECES,
+            max_sentence_length=4 * _LONGEST_SENTENCE,  # In bytes.
+            **_LOSSLESS_SENTENCE_PIECE,
+        )
+    except RuntimeError as error:  # The trainer's own words: "... Please set it to a value <= 1479."
+        most = re.search(r"value <= (\d+)", str(error))
+        if most is None:  # Too small: e.g. "Vocabulary size is smaller than required_chars".
+            raise ValueError(
+                f"SentencePiece cannot train a {kind} vocabulary of `vocabulary_size` {vocabulary_size} on "
+                f"these texts: it needs room for its {reserved} reserved pieces and the texts' "
+                f"{len(characters)} characters ({error})."
+            ) from None
+        raise ValueError(
+            f"`vocabulary_size` {vocabulary_size} is more than a {kind} vocabulary these texts can give; "
+            f"at most {most.group(1)}."
+        ) from None
+    finally:
+        sentencepiece.set_min_log_level(0)  # SentencePiece's default.
+    return model.getvalue()
 
 
 def byte_pair_tokenizer(vocabulary, merges):

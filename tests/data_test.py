@@ -72,8 +72,30 @@ def test_bpe_vocabulary_is_trained_byte_pair_merges():
             all(len(part) == 1 or part in earlier for part in (piece[:cut], piece[cut:])) for cut in range(1, len(piece))
         ), piece
     assert {"\u2581lowest", "\u2581widest"} <= set(merged)  # The frequent words end up whole.
-    ids = data.encode(tokenizer, "lowest widest")
-    assert len(ids) == 2 and data.decode(tokenizer, ids) == "lowest widest"
+    ids = data.encode(tokenizer, " lowest widest")  # Each word after a space, as in the texts.
+    assert len(ids) == 2 and data.decode(tokenizer, ids) == " lowest widest"
+
+
+@pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
+def test_subword_tokenizers_give_back_the_exact_text(kind):
+    # KerasHub's vocabulary tool normalizes with NFKC: every newline and run of
+    # spaces came back as one space, so a GPT trained through it never ended a line.
+    sentences = data.generated_language(400, seed=0)
+    lines = [("    " if i % 7 == 0 else "") + s + ("\t12" if i % 5 == 0 else "") for i, s in enumerate(sentences)]
+    text = "THE CAT:\n" + "\n".join(lines[:200]) + "\n\n  ROBOT:\n" + "\n".join(lines[200:]) + "\n"
+    pieces = 4 + 1 + len(set(text) - {"\n"})  # Reserved, newline, characters.
+    roomy = data.train_tokenizer(kind, text.splitlines(), vocabulary_size=pieces + 256 + 10)  # Room for 256 bytes.
+    small = data.train_tokenizer(kind, text.splitlines(), vocabulary_size=pieces + 15)
+    for tokenizer in (roomy, small):
+        ids = data.encode(tokenizer, text)
+        assert data.decode(tokenizer, ids) == text
+        assert 1 not in ids  # No unknown piece.
+        newline = tokenizer.token_to_id("\n")
+        assert data.encode(tokenizer, "\n").tolist() == [newline] and (ids == newline).sum() == text.count("\n")
+    # Characters the texts lack: their UTF-8 bytes where the vocabulary has room, else the unknown piece.
+    unseen = "the caf\u00e9 \u2713\n"
+    assert data.decode(roomy, data.encode(roomy, unseen)) == unseen
+    assert 1 in data.encode(small, unseen)
 
 
 @pytest.mark.parametrize("kind", ["char", "words", "sentencepiece"])

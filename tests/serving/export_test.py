@@ -260,10 +260,13 @@ def test_classify_text_reads_a_bert_row(tmp_path):
         np.testing.assert_allclose(probabilities, np.exp(logits) / np.exp(logits).sum(), atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["char", "words"])
+@pytest.mark.parametrize("kind", ["char", "words", "bpe"])
 def test_text_signature_carries_the_tokenizer(kind, tmp_path):
     if kind == "char":
         tokenizer, prompt = data.train_tokenizer("char", ["abcdefghij"]), "abc"
+    elif kind == "bpe":  # SentencePiece without normalization: the graph's tokenizer keeps newlines and spaces too.
+        lines = ["the cat sat", "  on the mat", "", "a dog ran"] * 30
+        tokenizer, prompt = data.train_tokenizer("bpe", lines, vocabulary_size=30), "the cat\n  on"
     else:
         tokenizer, prompt = data.word_tokenizer("the cat sat on a mat".split()), "the cat"
     model = from_preset("gpt2-tiny", vocab_size=int(tokenizer.vocabulary_size()))
@@ -274,6 +277,12 @@ def test_text_signature_carries_the_tokenizer(kind, tmp_path):
     new = new[: new.index(0)] if 0 in new else new  # Text ends at a padding id.
     if kind == "char":
         expected = prompt + "".join(chr(i) for i in new)
+    elif kind == "bpe":  # The prompt as written, then the new pieces as SentencePiece's own library decodes them.
+        import sentencepiece  # A requirement of KerasHub.
+
+        processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.proto)
+        prompt_ids = [int(i) for i in data.encode(tokenizer, prompt)]
+        expected = prompt + processor.decode(prompt_ids + new)[len(processor.decode(prompt_ids)):]
     else:  # Words joined by spaces, the first one too.
         expected = prompt + "".join(" " + tokenizer.id_to_token(i) for i in new)
     assert results["generate_text"]["text"][0] == expected
