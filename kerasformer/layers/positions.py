@@ -113,7 +113,7 @@ class PositionEmbedding(keras.layers.Layer):
             raise ValueError(
                 f"Sequence of length {length} starting at position {start} does not "
                 f"fit the learned position table of `sequence_length="
-                f"{self.sequence_length}`; the longest input is {self.sequence_length}."
+                f"{self.sequence_length}` (positions 0 to {self.sequence_length - 1})."
             )
         # A gather rather than a dynamic slice: both XLA and torch.export take it.
         positions = ops.arange(shape[1]) + ops.cast(start_index, "int32")  # (T,)

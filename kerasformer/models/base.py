@@ -261,7 +261,7 @@ def check_data(model, x, y=None):
         if tables and isinstance(length, int) and length > min(tables):
             raise ValueError(
                 f"`{name}` holds sequences of {length} tokens, longer than the learned position table "
-                f"(`max_sequence_length={min(tables)}`); the longest input is {min(tables)}."
+                f"(`max_sequence_length={min(tables)}`): give at most {min(tables)} tokens a row."
             )
         if spec is None and name in vocabularies and is_array(value):
             size, size_name = vocabularies[name]
