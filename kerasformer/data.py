@@ -97,6 +97,8 @@ def _sentence_piece_proto(kind, texts, vocabulary_size):
         for line in text.splitlines()
         for start in range(0, len(line), _LONGEST_SENTENCE)
     ]
+    if not sentences:
+        raise ValueError(f"`texts` hold no characters to train a {kind} vocabulary on, only line breaks.")
     model = io.BytesIO()
     # The trainer logs its whole spec and every iteration (~90 lines) at INFO.
     sentencepiece.set_min_log_level(1)

@@ -169,6 +169,8 @@ def test_a_vocabulary_larger_than_the_texts_give_is_named(kind):
     # SentencePiece's trainer raises a RuntimeError from its C++ core.
     with pytest.raises(ValueError, match=f"`vocabulary_size` 500 is more than a {kind} vocabulary these texts can give; at most \\d+"):
         data.train_tokenizer(kind, ["to be or not to be"], vocabulary_size=500)
+    with pytest.raises(ValueError, match=f"`texts` hold no characters to train a {kind} vocabulary on"):
+        data.train_tokenizer(kind, ["\n\n", ""], vocabulary_size=50)
     # Too small for the reserved pieces: before, SentencePiece's own error came through as a traceback.
     with pytest.raises(ValueError, match=f"SentencePiece cannot train a {kind} vocabulary of `vocabulary_size` 3 on these texts"):
         data.train_tokenizer(kind, ["to be or not to be"], vocabulary_size=3)
