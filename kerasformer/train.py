@@ -115,12 +115,13 @@ def untrained_variables(model):
 # Tasks: tokenizer, model, batches and a final score ------------------------
 
 
-def _gpt_task(config, build):
+def _gpt_task(config, build, tokenizer=None):
     text = data.read_text(config.data) if config.data else " ".join(data.generated_language(20000, seed=config.seed))
     if not text.strip():
         raise ValueError(f"`data` {config.data!r} has no text.")
     kind = config.tokenizer or "char"
-    tokenizer = data.train_tokenizer(kind, [text] if kind == "char" else text.splitlines() or [text], config.vocabulary_size)
+    if tokenizer is None:
+        tokenizer = data.train_tokenizer(kind, [text] if kind == "char" else text.splitlines() or [text], config.vocabulary_size)
     stream = data.encode(tokenizer, text)
     train_stream, validation_stream = data.split(stream)
     if len(validation_stream) < config.sequence_length + 2:  # The smaller part; windows of T + 1 tokens, at 2 offsets at least.
@@ -160,13 +161,14 @@ def _special_token_tokenizer(config, texts, generated_words):
     return data.train_tokenizer("wordpiece", texts, config.vocabulary_size)
 
 
-def _bert_task(config, build):
+def _bert_task(config, build, tokenizer=None):
     from kerasformer.models import BERTMaskedLM
 
     sentences = data.read_text(config.data).splitlines() if config.data else data.generated_language(20000, seed=config.seed)
     sentences = [s for s in sentences if s.strip()]
     _check_count(config, len(sentences), "sentences")
-    tokenizer = _special_token_tokenizer(config, sentences, data.LANGUAGE_WORDS)
+    if tokenizer is None:
+        tokenizer = _special_token_tokenizer(config, sentences, data.LANGUAGE_WORDS)
     cls_id, sep_id, mask_id = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
     rows = [np.concatenate([[cls_id], ids[: config.sequence_length - 2], [sep_id]]) for ids in data.encode(tokenizer, sentences)]
     token_ids = data.pad_batch(rows, config.sequence_length)
@@ -190,7 +192,7 @@ def _bert_task(config, build):
     return tokenizer, model, train, validation, evaluate
 
 
-def _seq2seq_task(config, build):
+def _seq2seq_task(config, build, tokenizer=None):
     from kerasformer.generate import generate
 
     if config.data:
@@ -199,7 +201,8 @@ def _seq2seq_task(config, build):
         sources, targets = [p[0] for p in pairs], [p[1] for p in pairs]
     else:
         sources, targets = data.numbers_to_words_dataset(20000, seed=config.seed)
-    tokenizer = _special_token_tokenizer(config, sources + targets, data.NUMBER_WORDS)
+    if tokenizer is None:
+        tokenizer = _special_token_tokenizer(config, sources + targets, data.NUMBER_WORDS)
     start_id, end_id = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
     source_ids = [ids[: config.sequence_length] for ids in data.encode(tokenizer, sources)]
     target_ids = [ids[: config.sequence_length - 1] for ids in data.encode(tokenizer, targets)]
@@ -245,7 +248,8 @@ def _until(ids, end_id):
     return out
 
 
-def build_task(config):
+def build_task(config, tokenizer=None):
+    """`(tokenizer, model, train, validation, evaluate)` of a run; `tokenizer`: a saved one instead of training one."""
     from kerasformer.models import from_preset
 
     if config.task not in TASKS:
@@ -261,7 +265,7 @@ def build_task(config):
         return from_preset(preset, **{**arguments, **overrides})
 
     task = {"gpt": _gpt_task, "bert": _bert_task, "t5": _seq2seq_task, "transformer": _seq2seq_task}[config.task]
-    return task(config, build)
+    return task(config, build, tokenizer)
 
 
 # The run --------------------------------------------------------------------
@@ -394,10 +398,16 @@ def train(config):
     if config.precision == "bf16":
         keras.config.set_dtype_policy("mixed_bfloat16")
     os.makedirs(config.run_dir, exist_ok=True)
-    _check_resumable(config)
+    resuming = _check_resumable(config)
     _write_run_info(config)
-    tokenizer, model, train_data, validation_data, evaluate = build_task(config)
-    data.save_tokenizer(tokenizer, os.path.join(config.run_dir, "tokenizer"))
+    tokenizer_dir = os.path.join(config.run_dir, "tokenizer")
+    # A resumed run reads the tokenizer it was trained with: one trained anew
+    # (by another version of KerasHub or SentencePiece, say) could number the
+    # tokens otherwise, and the restored weights would then read other text.
+    reuse = resuming and os.path.isdir(tokenizer_dir)
+    tokenizer, model, train_data, validation_data, evaluate = build_task(config, data.load_tokenizer(tokenizer_dir) if reuse else None)
+    if not reuse:
+        data.save_tokenizer(tokenizer, tokenizer_dir)
     weighted = config.task != "gpt"
     model.compile(
         optimizer=make_optimizer(model, config),
@@ -474,7 +484,7 @@ def _write_json(value, path):
 
 
 def _check_resumable(config):
-    """Refuses to resume the backup of `run_dir` with other settings than it was trained with.
+    """Whether `run_dir` holds a backup to resume; refuses one trained with other settings.
 
     The backup holds that run's weights and optimizer state: another model
     fails to load them deep in Keras, and another data set, tokenizer or
@@ -482,7 +492,7 @@ def _check_resumable(config):
     """
     backup, info_path = os.path.join(config.run_dir, "backup"), os.path.join(config.run_dir, "run.json")
     if not (os.path.isdir(backup) and os.listdir(backup) and os.path.isfile(info_path)):
-        return  # Nothing to resume.
+        return False  # Nothing to resume.
     with open(info_path) as f:
         before = json.load(f)["config"]
     now = json.loads(json.dumps(asdict(config)))  # As JSON stores it (tuples as lists).
@@ -493,6 +503,7 @@ def _check_resumable(config):
             f"`run_dir` {config.run_dir!r} holds a run trained with other settings ({differences}); resume it with "
             f"its settings (only {', '.join(RESUMABLE_CHANGES)} may change) or give another `run_dir`."
         )
+    return True
 
 
 def load_run(run_dir):

@@ -1,6 +1,7 @@
 """The training CLI: a run trains, logs, plots, evaluates, and resumes after being killed."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -217,6 +218,27 @@ def test_a_run_killed_while_writing_its_backup_resumes_from_the_one_before(tmp_p
     assert "Epoch 3/3" in result.stdout and "Epoch 2/3" not in result.stdout
     model, _, info = load_run(str(run_dir))
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 30 and info["config"]["steps"] == 30
+
+
+def test_a_resumed_run_reads_its_saved_tokenizer_instead_of_training_another(tmp_path, monkeypatch):
+    from kerasformer import data
+
+    text_file = tmp_path / "lines.txt"
+    text_file.write_text("\n".join(data.generated_language(600, seed=0)) + "\n")
+    config = TrainConfig(task="gpt", data=str(text_file), tokenizer="bpe", vocabulary_size=60, run_dir=str(tmp_path / "run"),
+                         steps=10, checkpoint_every=5, batch_size=4, sequence_length=16, warmup_steps=2, validation_steps=1)
+    train(config)
+    saved = {path.name: path.read_bytes() for path in (tmp_path / "run" / "tokenizer").rglob("*") if path.is_file()}
+    # Another library version could train another vocabulary from the same text,
+    # which the restored weights would read as other tokens: not trained again.
+    monkeypatch.setattr(data, "train_tokenizer", lambda *args: pytest.fail("a resumed run trained a new tokenizer"))
+    train(dataclasses.replace(config, steps=15))
+    model, tokenizer, info = load_run(str(tmp_path / "run"))
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 15 and info["config"]["steps"] == 15
+    assert {path.name: path.read_bytes() for path in (tmp_path / "run" / "tokenizer").rglob("*") if path.is_file()} == saved
+    # The subword vocabulary gives back the text's line breaks, and the run's text keeps them.
+    sentence = data.generated_language(1, seed=1)[0]
+    assert data.decode(tokenizer, data.encode(tokenizer, sentence + "\n" + sentence)) == sentence + "\n" + sentence
 
 
 def test_saves_replace_a_file_only_once_complete(tmp_path):
