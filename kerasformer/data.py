@@ -431,11 +431,13 @@ class LanguageModelBatches(_Batches):
         batch_size: rows per batch.
         steps: batches per epoch.
         seed: seed of the offsets.
+        redraw: False draws the same windows every epoch: a fixed validation
+            sample, which gives the same score to the same weights.
         **kwargs: `keras.utils.PyDataset` arguments; `workers` defaults to
             `default_workers()`.
     """
 
-    def __init__(self, stream, sequence_length, batch_size, steps, seed=0, **kwargs):
+    def __init__(self, stream, sequence_length, batch_size, steps, seed=0, redraw=True, **kwargs):
         super().__init__(**kwargs)
         self.stream = np.asarray(stream, "int32")
         if len(self.stream) <= sequence_length + 1:
@@ -447,13 +449,15 @@ class LanguageModelBatches(_Batches):
         self.batch_size = batch_size
         self.steps = steps
         self.seed = seed
+        self.redraw = redraw
         self.epoch = 0
 
     def __len__(self):
         return self.steps
 
     def on_epoch_end(self):
-        self.epoch += 1
+        if self.redraw:
+            self.epoch += 1
 
     def __getitem__(self, index):
         rng = np.random.default_rng((self.seed, self.epoch, index))
@@ -476,18 +480,21 @@ class ArrayBatches(_Batches):
         transform: optional `f(inputs, labels, weights, seed) -> (inputs, labels, weights)`
             applied to each batch (e.g. fresh MLM masking).
         seed: seed of the shuffles and of `transform`.
+        shuffle: False reads the rows in order, in the same batches every
+            epoch: a validation set then gives the same score to the same
+            weights (the loss is averaged per batch).
         **kwargs: `keras.utils.PyDataset` arguments; `workers` defaults to
             `default_workers()`.
     """
 
-    def __init__(self, inputs, labels, weights=None, batch_size=32, steps=None, transform=None, seed=0, **kwargs):
+    def __init__(self, inputs, labels, weights=None, batch_size=32, steps=None, transform=None, seed=0, shuffle=True, **kwargs):
         super().__init__(**kwargs)
         self.inputs, self.labels, self.weights = inputs, labels, weights
         self.count = len(labels)
         self.batch_size = min(batch_size, self.count)
         self.batches_per_pass = self.count // self.batch_size
         self.steps = steps or self.batches_per_pass
-        self.transform, self.seed, self.epoch = transform, seed, 0
+        self.transform, self.seed, self.shuffle, self.epoch = transform, seed, shuffle, 0
 
     def __len__(self):
         return self.steps
@@ -497,9 +504,10 @@ class ArrayBatches(_Batches):
 
     def __getitem__(self, index):
         position = self.epoch * self.steps + index
-        shuffle = np.random.default_rng((self.seed, position // self.batches_per_pass)).permutation(self.count)
         start = (position % self.batches_per_pass) * self.batch_size
-        rows = shuffle[start : start + self.batch_size]
+        rows = np.arange(start, start + self.batch_size)
+        if self.shuffle:
+            rows = np.random.default_rng((self.seed, position // self.batches_per_pass)).permutation(self.count)[rows]
         take = lambda a: None if a is None else a[rows]  # noqa: E731
         inputs = {k: v[rows] for k, v in self.inputs.items()} if isinstance(self.inputs, dict) else self.inputs[rows]
         batch = (inputs, take(self.labels), take(self.weights))

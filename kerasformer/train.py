@@ -134,7 +134,11 @@ def _gpt_task(config, build, tokenizer=None):
     # would hold untrained positions, which generation past the context would read.
     model = build(vocab_size=vocab_size, max_sequence_length=config.sequence_length)
     train = data.LanguageModelBatches(train_stream, config.sequence_length, config.batch_size, config.checkpoint_every, seed=config.seed)
-    validation = data.LanguageModelBatches(validation_stream, config.sequence_length, config.batch_size, config.validation_steps, seed=config.seed + 1)
+    # The same validation windows at every checkpoint and in the final
+    # evaluation, so that their losses differ only as the weights do.
+    validation = data.LanguageModelBatches(
+        validation_stream, config.sequence_length, config.batch_size, config.validation_steps, seed=config.seed + 1, redraw=False
+    )
 
     def evaluate(model):
         loss = model.evaluate(validation, verbose=0, return_dict=True)["loss"]
@@ -183,7 +187,10 @@ def _bert_task(config, build, tokenizer=None):
         return {"token_ids": inputs, "segment_ids": np.zeros_like(inputs)}, labels, weights
 
     train = data.ArrayBatches(train_ids, train_ids, None, config.batch_size, config.checkpoint_every, mask, config.seed)
-    validation = data.ArrayBatches(validation_ids, validation_ids, None, config.batch_size, None, mask, config.seed + 1)
+    # Validation masks are drawn once, as in Google BERT's static eval data:
+    # every checkpoint's val_loss and the final evaluation then score the same
+    # masked tokens, and differ only as the weights do.
+    validation = data.ArrayBatches(*mask(validation_ids, None, None, seed=config.seed + 1), config.batch_size, shuffle=False)
 
     def evaluate(model):
         results = model.evaluate(validation, verbose=0, return_dict=True)
@@ -215,7 +222,7 @@ def _seq2seq_task(config, build, tokenizer=None):
     # positions, as for a GPT.
     model = build(vocab_size=int(tokenizer.vocabulary_size()), max_sequence_length=config.sequence_length)
     train = data.ArrayBatches(*(part(a, train_rows) for a in (inputs, labels, weights)), config.batch_size, config.checkpoint_every, seed=config.seed)
-    validation = data.ArrayBatches(*(part(a, validation_rows) for a in (inputs, labels, weights)), config.batch_size)
+    validation = data.ArrayBatches(*(part(a, validation_rows) for a in (inputs, labels, weights)), config.batch_size, shuffle=False)
 
     def evaluate(model):
         results = model.evaluate(validation, verbose=0, return_dict=True)

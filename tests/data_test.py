@@ -200,6 +200,9 @@ def test_language_model_batches_are_shifted_windows_and_reproducible():
     np.testing.assert_array_equal(data.LanguageModelBatches(stream, 16, 4, 3, seed=0)[0][0], x)
     batches.on_epoch_end()
     assert not np.array_equal(batches[0][0], x)
+    fixed = data.LanguageModelBatches(stream, 16, 4, 3, seed=0, redraw=False)  # A validation sample.
+    fixed.on_epoch_end()
+    np.testing.assert_array_equal(fixed[0][0], x)
     with pytest.raises(ValueError, match="sequence_length"):
         data.LanguageModelBatches(np.arange(10), 16, 4, 3)
 
@@ -211,6 +214,16 @@ def test_array_batches_cycle_through_every_example():
     assert sorted(seen) == list(range(10))
     x, y, w = batches[1]
     np.testing.assert_array_equal(x["ids"][:, 0], y)
+    batches.on_epoch_end()  # Shuffled again for the next pass.
+    assert not np.array_equal(np.concatenate([batches[i][1] for i in range(2)]), seen)
+
+
+def test_array_batches_without_shuffle_read_the_same_batches_in_order_every_epoch():
+    batches = data.ArrayBatches(np.arange(11)[:, None], np.arange(11), batch_size=5, shuffle=False)
+    for _ in range(2):
+        assert len(batches) == 2
+        np.testing.assert_array_equal(np.concatenate([batches[i][1] for i in range(2)]), np.arange(10))
+        batches.on_epoch_end()
 
 
 def test_pipeline_feeds_fit_on_this_backend():

@@ -58,6 +58,16 @@ def test_masked_lm_training_leaves_the_pooler_it_does_not_use_as_it_was():
     assert not np.allclose(keras.ops.convert_to_numpy(block), before[1])  # The encoder did train.
 
 
+def _assert_final_evaluation_repeats_the_last_validation(run_dir, results):
+    """Validation reads fixed windows / masks / batches: the final weights score as at the last checkpoint."""
+    with open(run_dir / "log.csv") as f:
+        last = list(csv.DictReader(f))[-1]
+    np.testing.assert_allclose(results["val_loss"], float(last["val_loss"]), atol=2e-4)
+    if "val_accuracy" in last:
+        accuracy = results.get("masked_token_accuracy", results.get("token_accuracy"))
+        np.testing.assert_allclose(accuracy, float(last["val_accuracy"]), atol=2e-4)
+
+
 def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
     run_dir = tmp_path / "gpt"
     # --model sets arguments of the preset's builder: here a LLaMA-style GPT.
@@ -74,6 +84,7 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    _assert_final_evaluation_repeats_the_last_validation(run_dir, json.loads((run_dir / "run.json").read_text())["evaluation"])
     text = generate_text(str(run_dir), "the cat", max_new_tokens=10)
     assert text.startswith("the cat") and len(text) > len("the cat")
     # A .keras file of the run works too: its last checkpoint holds the final weights.
@@ -274,6 +285,7 @@ def test_other_tasks_train_and_report_their_score(task, metric, overrides, tmp_p
     results = train(config)
     assert 0.0 <= results[metric] <= 1.0
     assert (tmp_path / task / "model.keras").exists()
+    _assert_final_evaluation_repeats_the_last_validation(tmp_path / task, results)
     # The training loss averages over the tokens that count (masked / real
     # target tokens), not over every position: checked on a validation batch.
     model = load_run(str(tmp_path / task))[0]
