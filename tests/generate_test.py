@@ -121,6 +121,35 @@ def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
 
 
 
+@pytest.mark.parametrize("builder", [T5, Transformer])
+def test_bf16_seq2seq_decodes_from_a_bf16_cross_attention_cache(builder):
+    # The cross-attention cache is projected outside a layer call, where Keras
+    # does not autocast: it had come out float32 (on TF through a deprecated
+    # mixed-dtype matmul that logged a warning), twice the memory, cast again
+    # to bfloat16 as each decoding step read it.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = seq2seq(builder, tie_embeddings=True)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    sources = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
+    encoder_outputs, padding_mask = model.encode(sources)
+    caches = model.cross_attention_cache(encoder_outputs)
+    for block, cache in zip(model.decoder_blocks, caches):
+        assert keras.backend.standardize_dtype(cache.dtype) == "bfloat16"
+        attention = block.cross_attention.sublayer
+        for i, dense in enumerate([attention.key_dense, attention.value_dense]):  # Keras's own layer calls.
+            expected = np.moveaxis(to_numpy(dense(encoder_outputs)).astype("float32"), 2, 1)  # (B, K, S, D)
+            np.testing.assert_allclose(to_numpy(cache[:, i]).astype("float32"), expected, atol=0.02 * np.abs(expected).max())
+    # Decoding from the cache gives the model's own logits. (Greedy tokens of
+    # bfloat16 logits can tie and flip between a cached step and a full pass.)
+    targets = np.array([[1, 4, 9, 3], [1, 7, 7, 2]])
+    logits = model.decode(targets, encoder_outputs, padding_mask, cross_attention_cache=caches)[0]
+    expected = to_numpy(model({"encoder_token_ids": sources, "decoder_token_ids": targets})).astype("float32")
+    np.testing.assert_allclose(to_numpy(logits).astype("float32"), expected, atol=0.02 * np.abs(expected).max())
+    assert generate(model, sources, max_new_tokens=6, start_token_id=1).shape == (2, 6)
+
+
 def test_quantized_models_cached_greedy_equals_full_passes():
     # The loop's projections of an int8 model (`model.quantize`) apply the kernels' scales, as its layers' calls do.
     model = seq2seq(T5, tie_embeddings=True)

@@ -125,16 +125,18 @@ def _project(dense, x, input_dims=1):
     as a matrix, which XLA on CPU runs about 3x faster than the 3-D einsum
     (measured on TensorFlow, batch-1 decoding) and which skips a layer call.
     A quantized layer (`model.quantize`) runs its own call, which applies the
-    kernel's scale.
+    kernel's scale. The weights are cast to the layer's compute dtype:
+    `compute_cache` runs outside a layer call, where Keras does not autocast
+    variables (a mixed_bfloat16 cache had come out float32).
     """
     if dense.quantization_mode is not None:
         return dense(x)
-    kernel = dense.kernel
+    kernel = ops.cast(dense.kernel, dense.compute_dtype)
     in_shape, out_shape = tuple(kernel.shape[:input_dims]), tuple(kernel.shape[input_dims:])
     in_size, out_size = math.prod(in_shape), math.prod(out_shape)
     lead = ops.shape(x)[:-input_dims]
     flat = ops.reshape(x, (-1, in_size))  # (B*T, C)
-    bias = None if dense.bias is None else ops.reshape(dense.bias, (out_size,))
+    bias = None if dense.bias is None else ops.reshape(ops.cast(dense.bias, dense.compute_dtype), (out_size,))
     y = linear(flat, ops.reshape(kernel, (in_size, out_size)), bias)  # (B*T, H*D)
     return ops.reshape(y, (*lead, *out_shape))
 
