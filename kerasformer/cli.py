@@ -14,6 +14,8 @@ import ast
 import sys
 from dataclasses import fields
 
+DEFAULT_NEW_TOKENS = 100  # `kerasformer generate`'s text length when not given
+
 
 def _train_parser(subparsers):
     from kerasformer.train import TASKS, TrainConfig
@@ -54,9 +56,10 @@ def _generate_parser(subparsers):
         " batch, printed in order",
     )
     parser.add_argument(
-        "--max-new-tokens", type=int, default=100,
-        help="tokens to generate; a GPT goes past its context in windows, as nanoGPT crops it; T5 and Transformer"
-        " stop at their end token, and a Transformer with learned positions by its table's end (default: %(default)s)",
+        "--max-new-tokens", type=int, default=None,
+        help=f"tokens to generate; a GPT goes past its context in windows, as nanoGPT crops it; T5 and Transformer"
+        f" stop at their end token, and a Transformer with learned positions by its table's end (default:"
+        f" {DEFAULT_NEW_TOKENS}, or up to a GPT's context with --num-beams, which must fit in it)",
     )
     parser.add_argument(
         "--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature (default: %(default)s)"
@@ -90,11 +93,13 @@ def _serve_parser(subparsers):
                         help="the most numbers in an answer (logits are rows x tokens x vocabulary); more get 413 (default: %(default)s)")
 
 
-def generate_text(run_dir, prompt, max_new_tokens=100, **options):
+def generate_text(run_dir, prompt, max_new_tokens=None, **options):
     """Text from a trained run: GPT continues `prompt`; T5/Transformer transform it; BERT fills its "[MASK]"s.
 
     `prompt` is a string, or a list of them generated as one batch (their
     lengths may differ); the result is a string or a list to match.
+    `max_new_tokens` defaults to `DEFAULT_NEW_TOKENS`; for a GPT's beam
+    search, which must fit its context, to at most the room the prompts leave.
     """
     from kerasformer import data
     from kerasformer.generate import generate, learned_position_limit, learned_positions_message
@@ -110,6 +115,11 @@ def generate_text(run_dir, prompt, max_new_tokens=100, **options):
     for text, row in zip(prompts, ids):
         if len(row) == 0:
             raise ValueError(f"`prompt` {text!r} has no tokens; give it some text.")
+    if max_new_tokens is None:
+        max_new_tokens = DEFAULT_NEW_TOKENS
+        room = model.max_sequence_length - max(len(row) for row in ids) if isinstance(model, GPT) else 0
+        if options.get("num_beams", 1) > 1 and room > 0:  # With no room, `generate` names the problem.
+            max_new_tokens = min(max_new_tokens, room)
     if isinstance(model, GPT):
         new = generate(model, ids, max_new_tokens=max_new_tokens, **options)
         texts = [data.continuation(tokenizer, *row) for row in zip(prompts, ids, new)]

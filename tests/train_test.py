@@ -97,6 +97,11 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
         load_run(str(tmp_path / "elsewhere" / "model.keras"))
     beams = generate_text(str(run_dir), "the cat", max_new_tokens=10, num_beams=3)
     assert beams.startswith("the cat") and len(beams) > len("the cat")
+    # Beam search must fit the context (32 tokens here): the default length
+    # stops there, where an explicit longer one is refused by name.
+    assert len(generate_text(str(run_dir), ["the cat", "the"], num_beams=2)[0]) == 32
+    with pytest.raises(ValueError, match=r"Beam search must fit the context: prompt \(7\) \+ `max_new_tokens` \(100\)"):
+        generate_text(str(run_dir), "the cat", max_new_tokens=100, num_beams=2)
     with pytest.raises(ValueError, match="`prompt` '' has no tokens"):
         generate_text(str(run_dir), "", max_new_tokens=2)
     # Repeated --prompt: one batch of prompts of different lengths, each text as if generated alone.
