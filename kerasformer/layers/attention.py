@@ -540,7 +540,12 @@ class MultiHeadAttention(keras.layers.Layer):
             scores = scores + ops.cast(bias, "float32")
         if mask is not None:
             scores = ops.where(mask[:, None], scores, _large_negative("float32"))
-        probabilities = ops.softmax(scores, axis=-1)  # (B, H, T, S)
+        if scores.shape[-1] == 1:
+            # One key, as in a one-token call: softmax is exp(s - s), NaN kept.
+            # Keras's softmax warns over an axis of size 1 ("a sigmoid?").
+            probabilities = ops.exp(scores - scores)  # (B, H, T, 1)
+        else:
+            probabilities = ops.softmax(scores, axis=-1)  # (B, H, T, S)
         dropped = self.probability_dropout(
             ops.cast(probabilities, self.compute_dtype), training=training
         )

@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -58,6 +60,22 @@ def test_attention_equals_numpy_reference(case, return_scores):
     if return_scores:
         outputs, scores = outputs
         np.testing.assert_allclose(to_numpy(scores), expected_weights, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(outputs), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("return_scores", [False, True], ids=["fused", "explicit"])
+def test_a_single_key_equals_numpy_reference_without_a_warning(return_scores):
+    # A one-token call (a GPT's first token, a decoder's start token) attends
+    # over one key; Keras's softmax warns over an axis of size 1.
+    x = random_inputs(2, 1, 32)
+    layer = MultiHeadAttention(num_heads=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        outputs = layer(x, use_causal_mask=True, return_attention_scores=return_scores)
+    expected, expected_weights = numpy_attention(layer, np.float64(x))
+    if return_scores:
+        outputs, scores = outputs
+        np.testing.assert_allclose(to_numpy(scores), expected_weights, atol=1e-6)
     np.testing.assert_allclose(to_numpy(outputs), expected, atol=1e-5)
 
 
