@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -209,6 +211,30 @@ def test_same_shapes_do_not_recompile():
     generator(prompts, max_new_tokens=5, temperature=1.3, top_k=9, seed=2)  # New values, same program.
     if BACKEND != "torch":
         assert generator.trace_count == 2
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.jit.trace is the torch backend's decoding path")
+def test_torch_traces_quietly_and_decodes_eagerly_where_tracing_fails(monkeypatch):
+    import torch
+
+    prompts = [[5, 6, 7], [8]]
+    model = gpt()
+    expected = [greedy_by_full_passes(model, prompt, 4) for prompt in prompts]
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates jit.trace: not the user's to act on.
+        warnings.filterwarnings("error", "`torch.jit", DeprecationWarning)
+        np.testing.assert_array_equal(to_numpy(generate(model, prompts, max_new_tokens=4)), expected)
+
+    def no_tracer(*args, **kwargs):
+        raise RuntimeError("not supported on this Python")
+
+    monkeypatch.setattr(torch.jit, "trace", no_tracer)
+    untraced = Generator(model)
+    with pytest.warns(RuntimeWarning, match="eagerly.*torch.jit.trace failed: RuntimeError: not supported"):
+        np.testing.assert_array_equal(to_numpy(untraced(prompts, max_new_tokens=4)), expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # Warned once; later shapes run eagerly, untraced.
+        np.testing.assert_array_equal(to_numpy(untraced(prompts[:1], max_new_tokens=4)), expected[:1])
 
 
 def test_stop_tokens_end_a_row_and_pad_the_rest():
