@@ -422,7 +422,7 @@ def _t5_config(model):
         "vocab_size": model.vocab_size,
         "d_model": model.hidden_dim,
         "d_kv": model.encoder_blocks[0].self_attention.sublayer.head_dim,
-        "d_ff": model.intermediate_dim,
+        "d_ff": model.intermediate_dim or 4 * model.hidden_dim,
         "num_layers": model.num_layers,
         "num_decoder_layers": len(model.decoder_blocks),
         "num_heads": model.num_heads,

@@ -27,7 +27,7 @@ class T5(EncoderDecoderModel):
         num_layers: encoder blocks.
         num_heads: attention heads.
         hidden_dim: model width d_model.
-        intermediate_dim: FFN width d_ff.
+        intermediate_dim: FFN width d_ff (default 4d, as in t5-small and t5-base).
         head_dim: per-head width d_kv (default d_model / heads; T5 uses 64).
         num_decoder_layers: decoder blocks (default `num_layers`).
         relative_attention_num_buckets, relative_attention_max_distance:
@@ -57,7 +57,7 @@ class T5(EncoderDecoderModel):
         num_layers,
         num_heads,
         hidden_dim,
-        intermediate_dim,
+        intermediate_dim=None,
         head_dim=None,
         num_decoder_layers=None,
         relative_attention_num_buckets=32,
@@ -70,6 +70,7 @@ class T5(EncoderDecoderModel):
         **kwargs,
     ):
         config = constructor_arguments(locals(), T5)
+        intermediate_dim = intermediate_dim or 4 * hidden_dim
         block_options = dict(
             num_heads=num_heads,
             intermediate_dim=intermediate_dim,

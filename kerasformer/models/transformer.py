@@ -28,7 +28,7 @@ class Transformer(EncoderDecoderModel):
         num_layers: N, blocks in each of encoder and decoder (6).
         num_heads: h (8).
         hidden_dim: d_model (512).
-        intermediate_dim: d_ff (2048).
+        intermediate_dim: d_ff (default 4 d_model: 2048 in the base model, 4096 in the big one).
         target_vocab_size: target vocabulary, if different from the source's.
         max_sequence_length: size of the table for learned positions.
         dropout: P_drop, on embeddings+positions and residual branches (0.1).
@@ -61,7 +61,7 @@ class Transformer(EncoderDecoderModel):
         num_layers=6,
         num_heads=8,
         hidden_dim=512,
-        intermediate_dim=2048,
+        intermediate_dim=None,
         target_vocab_size=None,
         max_sequence_length=512,
         dropout=0.1,

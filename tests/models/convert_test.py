@@ -184,6 +184,16 @@ def test_t5_logits_match(options):
     np.testing.assert_allclose(to_numpy(ours), t5_logits(hf, encoder_ids, decoder_ids), atol=ATOL)
 
 
+def test_t5_of_default_feed_forward_width_is_written_for_transformers(tmp_path):
+    model = T5(vocab_size=103, num_layers=1, num_heads=2, hidden_dim=16, head_dim=8)  # d_ff: 4d
+    to_huggingface(model, tmp_path)
+    hf = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert hf.config.d_ff == 64
+    encoder_ids, decoder_ids = token_ids(103, (2, 9), seed=1, low=2), token_ids(103, (2, 5), seed=2)
+    ours = model({"encoder_token_ids": encoder_ids, "decoder_token_ids": decoder_ids})
+    np.testing.assert_allclose(to_numpy(ours), t5_logits(hf, encoder_ids, decoder_ids), atol=ATOL)
+
+
 def test_checkpoint_folder_round_trip(tmp_path):
     """HF writes a folder; we read it, write our own, and HF reads that back."""
     hf = tiny_gpt2()

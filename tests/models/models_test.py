@@ -383,6 +383,19 @@ def test_sizes_must_be_positive_ints(builder, arguments, name, value):
         builder(**{**base, name: value})
 
 
+@pytest.mark.parametrize("builder", [GPT, BERT, T5, Transformer])
+def test_feed_forward_width_defaults_to_four_times_the_model_width(builder):
+    """As in GPT-2, BERT, t5-small/base and both of the paper's Transformers; also at other widths."""
+    from kerasformer.layers import FeedForward
+
+    model = builder(VOCAB, num_layers=1, num_heads=2, hidden_dim=24)
+    feedforwards = [layer for layer in model._flatten_layers() if isinstance(layer, FeedForward)]
+    assert len(feedforwards) == (1 if builder in (GPT, BERT) else 2)
+    for feedforward in feedforwards:
+        assert tuple(feedforward.intermediate_dense.kernel.shape) == (24, 96)
+        assert tuple(feedforward.output_dense.kernel.shape) == (96, 24)
+
+
 def test_pad_token_id_must_be_in_the_vocabulary():
     with pytest.raises(ValueError, match=f"BERT's `pad_token_id` must be a token id in \\[0, {VOCAB}\\), got {VOCAB}"):
         BERT(VOCAB, 1, 2, 32, pad_token_id=VOCAB)
