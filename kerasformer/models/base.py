@@ -353,7 +353,9 @@ def quantize_layers(model, quantized):
             raise ValueError(f"The config lists a quantized layer {path!r} that {type(model).__name__} does not have.")
         if layer.quantization_mode is None:  # A backbone's layers are quantized by its own config.
             config = keras.saving.deserialize_keras_object(entry["config"])
-            layer.quantize(entry["mode"], type_check=False, config=config)
+            # Keras 3.11 takes no `config` (and writes none).
+            options = {} if config is None else {"config": config}
+            layer.quantize(entry["mode"], type_check=False, **options)
     if keras.backend.backend() == "torch":  # As `Model.quantize` does: track the new variables.
         for layer in model._flatten_layers():
             layer._track_variables()
