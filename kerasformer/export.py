@@ -367,9 +367,10 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
         starts = (text_lengths - context)[:, None]  # (B, 1)
         ids = tf.where(in_context, tf.gather(text, tf.minimum(starts + positions, total - 1), batch_dims=1), 0)  # (B, W)
         limits = context + counts
+        start = tf.reduce_min(context)
         result = generator._loop(
             body, tf.zeros([batch, 1], tf.int32), ids, in_context, limits, _noise(batch, width, seed, part),
-            tf.reduce_min(context), stop_token_ids,
+            start, stop_token_ids, ids[:, :start],  # Prefills the positions every row's context holds.
         )[0]  # (B, W)
         # The window's new tokens (positions context .. limits - 1) follow the text.
         offsets = tf.range(total)[None, :] - text_lengths[:, None]  # (B, P + N)

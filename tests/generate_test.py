@@ -213,6 +213,35 @@ def test_same_shapes_do_not_recompile():
         assert generator.trace_count == 2
 
 
+def loops_built(generator):
+    """Compiled loops (TF, JAX) or traced decoding steps (torch) of `generator` so far."""
+    if BACKEND != "torch":
+        return generator.trace_count
+    return sum(cell.cell_contents.trace_count for function in generator._compiled.values()
+               for cell in function.__closure__ if type(cell.cell_contents).__name__ == "_TorchBody")
+
+
+def test_other_lengths_reuse_one_compiled_loop_within_the_context():
+    # Each new prompt or source length had compiled a loop of its own (~2 s on
+    # TF) for a generation of milliseconds; buffers are now padded.
+    model = GPT(VOCAB, num_layers=2, num_heads=2, hidden_dim=32, max_sequence_length=20)
+    generator = Generator(model)
+    for prompts, new_tokens in [([[5, 6, 7]], 5), ([[1, 2, 3, 4, 5, 6, 7, 8, 9]], 4), ([[8, 9], [4] * 7], 6)]:
+        out = generator(prompts, max_new_tokens=new_tokens)
+        for prompt, row in zip(prompts, out):
+            assert list(row) == greedy_by_full_passes(model, prompt, new_tokens)
+    assert loops_built(generator) == 2  # Batch 1 and batch 2, each padded to 16 positions.
+    # Padding stops at the learned position table: 3 + 17 = 20 positions, not 32.
+    assert list(generator([[5, 6, 7]], max_new_tokens=17)[0]) == greedy_by_full_passes(model, [5, 6, 7], 17)
+
+    model = seq2seq(T5)
+    generator = Generator(model)
+    for source in ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17]):
+        row = generator([source], max_new_tokens=4, start_token_id=1)[0]
+        assert list(row) == seq2seq_greedy_by_full_passes(model, source, 4, start=1)
+    assert loops_built(generator) == 1
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.jit.trace is the torch backend's decoding path")
 def test_torch_traces_quietly_and_decodes_eagerly_where_tracing_fails(monkeypatch):
     import torch
