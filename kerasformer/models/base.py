@@ -239,7 +239,7 @@ def check_data(model, x, y=None):
     """Raises a ValueError naming what in `fit` / `evaluate` / `predict` data `model` cannot take.
 
     Checked: sequences longer than a learned position table; in arrays and
-    tensors, ids outside an input's vocabulary and integer labels `y`
+    tensors, no rows at all, ids outside an input's vocabulary and integer labels `y`
     outside the logits. `x` is an array or tensor, a dict of them by input
     name, or a `tf.data.Dataset` (its element spec's lengths, where static).
     Other data (generators, `PyDataset`s) is left to the layers.
@@ -257,6 +257,8 @@ def check_data(model, x, y=None):
     vocabularies = model.input_vocabularies()
     for name, value in named:
         shape = tuple(getattr(value, "shape", ()))
+        if spec is None and is_array(value) and shape and shape[0] == 0:  # Keras's predict failed on it, unnamed.
+            raise ValueError(f"`{name}` holds no examples (0 rows): give at least one.")
         length = shape[1] if len(shape) >= 2 else None
         if tables and isinstance(length, int) and length > min(tables):
             raise ValueError(

@@ -366,6 +366,20 @@ def test_ids_and_labels_outside_the_model_are_refused_before_any_step():
         classifier.fit(inputs, np.where(classes == 2, 3, classes), verbose=0)
 
 
+def test_data_of_no_examples_is_refused_by_name():
+    # Keras's predict had failed on it with an UnboundLocalError from its loop.
+    model, ids, labels = gpt_data()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    message = r"`token_ids` holds no examples \(0 rows\)"
+    for call in (lambda: model.predict(ids[:0], verbose=0), lambda: model.evaluate(ids[:0], labels[:0], verbose=0),
+                 lambda: model.fit(keras.ops.convert_to_tensor(ids[:0]), labels[:0], verbose=0)):
+        with pytest.raises(ValueError, match=message):
+            call()
+    classifier, inputs, classes = bert_data()
+    with pytest.raises(ValueError, match=r"`segment_ids` holds no examples"):
+        classifier.predict({**inputs, "segment_ids": inputs["segment_ids"][:0]}, verbose=0)
+
+
 @pytest.mark.parametrize("builder, arguments, name, value", [
     (GPT, {}, "vocab_size", 0),
     (GPT, {}, "num_layers", -1),  # Keras would build a model with no blocks.
