@@ -117,6 +117,8 @@ def attention_scores(model, inputs, layer):
     arguments = _block_inputs(model, block)
     # Compute the block's own inputs, then call it again asking for its scores.
     probe = keras.Model(model.input, arguments.keras_tensors)
+    if hasattr(model, "complete_inputs"):  # A BERT's segment ids may be left out.
+        inputs = model.complete_inputs(inputs)
     values = probe(inputs)
     values = values if isinstance(values, (list, tuple)) else [values]
     args, kwargs = arguments.fill_in({id(t): v for t, v in zip(arguments.keras_tensors, values)})

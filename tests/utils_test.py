@@ -66,6 +66,15 @@ def test_attention_scores_of_an_encoder_decoder_block():
         attention_scores(model, inputs, 99)
 
 
+def test_attention_scores_of_a_bert_given_token_ids_alone():
+    model = from_preset("bert-tiny")
+    ids = np.array([[2, 5, 6, 7, 0]])
+    scores = attention_scores(model, ids, 1)  # One segment, as the model itself takes them.
+    expected = attention_scores(model, {"token_ids": ids, "segment_ids": np.zeros_like(ids)}, 1)
+    np.testing.assert_allclose(scores, expected, atol=1e-6)
+    assert scores.shape == (1, 2, 5, 5) and np.all(scores[..., 4] == 0)  # bert-tiny: 2 heads; the padded key gets nothing.
+
+
 @pytest.mark.parametrize("kind", ["sinusoidal", "rotary"])
 def test_plot_position_encoding_writes_the_encoding(kind, tmp_path):
     path = tmp_path / f"{kind}.png"

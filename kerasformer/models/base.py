@@ -89,9 +89,17 @@ class TransformerModel(keras.Model):
             raise TypeError(message)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
+    def __call__(self, inputs, *args, **kwargs):
+        return super().__call__(self.complete_inputs(inputs), *args, **kwargs)
+
     def call(self, inputs, training=None, mask=None):
+        inputs = self.complete_inputs(inputs)  # JAX's trainer calls `call` directly.
         check_integer_inputs(self._inputs_struct, inputs)
         return super().call(inputs, training=training, mask=mask)
+
+    def complete_inputs(self, inputs):
+        """`inputs` with the inputs that may be left out filled in (BERT's segment ids); here, as given."""
+        return inputs
 
     # Compiled steps cannot check values, and under XLA (TF, JAX) a gather
     # clamps an index out of range: ids past the vocabulary, or (TF, once
@@ -252,7 +260,9 @@ def check_data(model, x, y=None):
     spec = getattr(x, "element_spec", None)
     if spec is not None:  # A tf.data.Dataset of (inputs, labels, ...) or of inputs: shapes only.
         x, y = (spec[0] if isinstance(spec, tuple) else spec), None
-    named = list(x.items()) if isinstance(x, dict) else [(model.inputs[0].name, x)]
+    if not isinstance(x, dict):  # Token ids alone, which a BERT also takes.
+        x = {"token_ids" if isinstance(model._inputs_struct, dict) else model.inputs[0].name: x}
+    named = list(x.items())
     tables = [layer.sequence_length for layer in model._flatten_layers() if isinstance(layer, PositionEmbedding)]
     vocabularies = model.input_vocabularies()
     for name, value in named:
@@ -317,6 +327,9 @@ class TaskModel(TransformerModel):
 
     def input_vocabularies(self):
         return self.backbone.input_vocabularies()
+
+    def complete_inputs(self, inputs):
+        return self.backbone.complete_inputs(inputs)
 
     def get_config(self):
         config = super().get_config()

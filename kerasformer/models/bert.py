@@ -6,6 +6,7 @@ first ([CLS]) token -> pooled output.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from kerasformer.layers import EncoderBlock
@@ -34,7 +35,7 @@ class BERT(TransformerModel):
         hidden_dim: model width d.
         intermediate_dim: FFN width (default 4d).
         max_sequence_length: size of the learned position table.
-        num_segments: number of segment (token type) ids; 0 for none.
+        num_segments: number of segment (token type) ids, at least 1 (BERT: 2).
         dropout: embedding and residual dropout (BERT: 0.1).
         attention_dropout: dropout on attention probabilities (BERT: 0.1;
             0 keeps the fused attention kernel usable).
@@ -45,15 +46,19 @@ class BERT(TransformerModel):
         norm_epsilon: epsilon of the norms (BERT: 1e-12).
         pad_token_id: token id of padding; keys equal to it are masked.
 
-    Inputs: `{"token_ids": (B, T), "segment_ids": (B, T)}`.
+    Inputs: `{"token_ids": (B, T), "segment_ids": (B, T)}`. Segment ids may be
+    left out, or token ids given alone: one segment (zeros), as `transformers`
+    defaults `token_type_ids`.
     Outputs: `{"sequence_output": (B, T, d), "pooled_output": (B, d)}`.
 
     Example:
 
     >>> model = BERT(vocab_size=100, num_layers=2, num_heads=2, hidden_dim=32)
     >>> ids = np.array([[2, 7, 9, 3, 0]])
-    >>> model({"token_ids": ids, "segment_ids": np.zeros_like(ids)})["pooled_output"].shape
+    >>> model({"token_ids": ids, "segment_ids": np.array([[0, 0, 0, 1, 1]])})["pooled_output"].shape
     (1, 32)
+    >>> model(ids)["sequence_output"].shape  # One segment.
+    (1, 5, 32)
     """
 
     def __init__(
@@ -144,6 +149,15 @@ class BERT(TransformerModel):
         if self.segment_embedding is not None:
             vocabularies["segment_ids"] = (self.segment_embedding.input_dim, "num_segments")
         return vocabularies
+
+    def complete_inputs(self, inputs):
+        if not isinstance(inputs, (dict, list, tuple)):  # Token ids alone.
+            inputs = {"token_ids": inputs}
+        if isinstance(inputs, dict) and "token_ids" in inputs and inputs.get("segment_ids") is None:
+            token_ids = inputs["token_ids"]
+            zeros = np.zeros_like(token_ids) if isinstance(token_ids, np.ndarray) else ops.zeros_like(token_ids)
+            inputs = {**inputs, "segment_ids": zeros}  # (B, T): one segment
+        return inputs
 
     def call(self, inputs, training=None, mask=None):
         # Keras's Embedding clamps an id past its table on JAX and fails

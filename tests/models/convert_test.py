@@ -146,6 +146,22 @@ def test_bert_backbone_outputs_match():
     np.testing.assert_allclose(to_numpy(outputs["pooled_output"]), expected.pooler_output.numpy(), atol=ATOL)
 
 
+def test_bert_without_segment_ids_matches_transformers_default():
+    # transformers takes `token_type_ids` of zeros when they are left out.
+    hf = transformers.BertModel(tiny_bert_config()).eval()
+    ids, _ = bert_inputs(101)
+    model = from_huggingface(hf)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(ids != 0, dtype=torch.long))
+    real = ids != 0
+    for inputs in ({"token_ids": ids}, ids):
+        outputs = model(inputs)
+        np.testing.assert_allclose(
+            to_numpy(outputs["sequence_output"])[real], expected.last_hidden_state.numpy()[real], atol=ATOL
+        )
+        np.testing.assert_allclose(to_numpy(outputs["pooled_output"]), expected.pooler_output.numpy(), atol=ATOL)
+
+
 @pytest.mark.parametrize("architecture", ["BertForMaskedLM", "BertForSequenceClassification"])
 def test_bert_task_models_match(architecture):
     hf = getattr(transformers, architecture)(tiny_bert_config(num_labels=3)).eval()

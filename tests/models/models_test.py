@@ -380,6 +380,27 @@ def test_data_of_no_examples_is_refused_by_name():
         classifier.predict({**inputs, "segment_ids": inputs["segment_ids"][:0]}, verbose=0)
 
 
+def test_bert_takes_token_ids_alone_as_one_segment():
+    # As transformers defaults `token_type_ids`; Keras had refused a missing input (on JAX, naming `pooled_output`).
+    classifier, inputs, classes = bert_data()
+    classifier.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ids = inputs["token_ids"]
+    assert not inputs["segment_ids"].any()
+    expected = to_numpy(classifier(inputs))
+    for given in ({"token_ids": ids}, ids, {"token_ids": ids, "segment_ids": None}):
+        np.testing.assert_allclose(to_numpy(classifier(given)), expected, atol=1e-6)
+        np.testing.assert_allclose(classifier.predict(given, verbose=0), expected, atol=1e-5)
+    assert np.isfinite(classifier.evaluate({"token_ids": ids}, classes, verbose=0))
+    history = classifier.fit(ids, classes, epochs=2, batch_size=8, verbose=0).history["loss"]
+    assert np.isfinite(history).all()
+    # Token ids alone are checked as token ids, not as the segments.
+    with pytest.raises(ValueError, match=r"`token_ids` must lie in \[0, 64\) \(vocab_size=64\)"):
+        classifier.predict(np.where(ids == ids[0, 0], VOCAB, ids), verbose=0)
+    # Other segments still count.
+    segments = {"token_ids": ids, "segment_ids": np.ones_like(ids)}
+    assert np.abs(to_numpy(classifier(segments)) - expected).max() > 1e-4
+
+
 @pytest.mark.parametrize("builder, arguments, name, value", [
     (GPT, {}, "vocab_size", 0),
     (GPT, {}, "num_layers", -1),  # Keras would build a model with no blocks.
