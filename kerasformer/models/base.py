@@ -107,6 +107,7 @@ class TransformerModel(keras.Model):
     # table, trained and predicted without a word. Arrays, and the shapes of
     # datasets, are checked here before any step.
     def fit(self, x=None, y=None, *args, **kwargs):
+        x = without_none(x)
         check_data(self, x, y)
         validation = kwargs.get("validation_data")
         if isinstance(validation, (tuple, list)):
@@ -116,11 +117,13 @@ class TransformerModel(keras.Model):
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
+        x = without_none(x)
         check_data(self, x, y)
         with reattach_jax_state(self):
             return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
+        x = without_none(x)
         check_data(self, x)
         with reattach_jax_state(self):
             return super().predict(x, *args, **kwargs)
@@ -280,6 +283,11 @@ def check_data(model, x, y=None):
             check_token_ids(value, size, name, size_name)
     if is_array(y) and len(model.outputs) == 1:
         check_labels(y, model.outputs[0].shape[-1])
+
+
+def without_none(x):
+    """A dict of inputs without its `None` entries, which the model fills in (Keras 3.11's data adapters fail on them)."""
+    return {name: value for name, value in x.items() if value is not None} if isinstance(x, dict) else x
 
 
 def is_array(value):
