@@ -111,6 +111,7 @@ class TransformerModel(keras.Model):
         check_data(self, x, y)
         validation = kwargs.get("validation_data")
         if isinstance(validation, (tuple, list)):
+            validation = kwargs["validation_data"] = (without_none(validation[0]), *validation[1:])
             check_data(self, *validation[:2])
         else:
             check_data(self, validation)

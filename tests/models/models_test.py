@@ -391,8 +391,9 @@ def test_bert_takes_token_ids_alone_as_one_segment():
         np.testing.assert_allclose(to_numpy(classifier(given)), expected, atol=1e-6)
         np.testing.assert_allclose(classifier.predict(given, verbose=0), expected, atol=1e-5)
     assert np.isfinite(classifier.evaluate({"token_ids": ids}, classes, verbose=0))
-    history = classifier.fit(ids, classes, epochs=2, batch_size=8, verbose=0).history["loss"]
-    assert np.isfinite(history).all()
+    validation = ({"token_ids": ids, "segment_ids": None}, classes)
+    history = classifier.fit(ids, classes, epochs=2, batch_size=8, validation_data=validation, verbose=0).history
+    assert np.isfinite(history["loss"]).all() and np.isfinite(history["val_loss"]).all()
     # Token ids alone are checked as token ids, not as the segments.
     with pytest.raises(ValueError, match=r"`token_ids` must lie in \[0, 64\) \(vocab_size=64\)"):
         classifier.predict(np.where(ids == ids[0, 0], VOCAB, ids), verbose=0)
