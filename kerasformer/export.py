@@ -14,6 +14,10 @@ current backend is another), where the signatures are traced:
   the windows of `kerasformer.generate`);
 - `fill_mask`, `embed` (BERT masked LM), `classify`, `embed` (BERT
   classifier);
+- `serve`, the endpoint of Keras's `model.export` (not a signature): the
+  model's inputs as it takes them -> its outputs, so that
+  `tf.saved_model.load(path).serve(inputs)` works as for any Keras export;
+  our models' `model.export(path)` writes this SavedModel on every backend;
 - with a KerasHub tokenizer: `generate_text` (GPT, T5, Transformer) and
   `fill_mask_text` (each "[MASK]" of the text filled with the predicted
   token) / `classify_text` (BERT; rows read as `[CLS] text [SEP]`, as
@@ -129,6 +133,7 @@ def _export_with_tensorflow(keras_path, tokenizer_dir, output):
     signatures = build_signatures(model, tokenizer)
     for name, function in signatures.items():
         setattr(module, name, function)
+    module.serve = keras_serve_endpoint(model, signatures)
     tf.saved_model.save(module, output, signatures=signatures)
     defaults = dict(DEFAULTS)
     if isinstance(model, EncoderDecoderModel):
@@ -249,6 +254,39 @@ def build_signatures(model, tokenizer=None):
     if tokenizer is not None:
         signatures.update(_text_signatures(model, tokenizer, signatures))
     return signatures
+
+
+def keras_serve_endpoint(model, signatures):
+    """`serve`, the endpoint that Keras's `model.export` writes: the model's inputs as it takes them (token ids,
+    or a dict of them) -> its outputs, as float32; computed by `serving_default`, with its checks."""
+    import tensorflow as tf
+
+    from kerasformer.models import GPT, BERT
+    from kerasformer.models.seq2seq import EncoderDecoderModel
+
+    serving_default = signatures["serving_default"]
+    ids = lambda name: tf.TensorSpec([None, None], tf.int32, name=name)  # noqa: E731
+    if isinstance(model, GPT):
+
+        @tf.function(input_signature=[ids("token_ids")])
+        def serve(token_ids):  # (B, T) -> (B, T, V)
+            return serving_default(token_ids=token_ids, padding_mask=tf.ones_like(token_ids))["logits"]
+
+        return serve
+
+    names = ["encoder_token_ids", "decoder_token_ids"] if isinstance(model, EncoderDecoderModel) else ["token_ids", "segment_ids"]
+
+    @tf.function(input_signature=[{name: ids(name) for name in names}])
+    def serve(inputs):
+        if isinstance(model, EncoderDecoderModel):  # The model masks pad ids of the source itself.
+            source = inputs["encoder_token_ids"]
+            return serving_default(encoder_token_ids=source, encoder_padding_mask=tf.ones_like(source),
+                                   decoder_token_ids=inputs["decoder_token_ids"])["logits"]
+        ids = inputs["token_ids"]
+        outputs = serving_default(token_ids=ids, padding_mask=tf.ones_like(ids), segment_ids=inputs["segment_ids"])
+        return outputs if isinstance(model, BERT) else outputs["logits"]  # A backbone's dict; a task model's logits.
+
+    return serve
 
 
 def _option_specs(stop_token_ids):

@@ -129,6 +129,34 @@ class TransformerModel(keras.Model):
         with reattach_jax_state(self):
             return super().predict(x, *args, **kwargs)
 
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        """Keras's `export`; a TF SavedModel is written by `kerasformer.export.export`, from any backend.
+
+        Keras's own SavedModel export failed on our models where a user meets
+        it: on torch for every model (`torch.export` of a functional model),
+        and on JAX for two inputs of one length (BERT's token and segment
+        ids, traced with a symbolic length each). This writes the same
+        SavedModel on every backend: Keras's `serve` endpoint (the model's
+        inputs as it takes them -> its outputs, as float32) beside the
+        signatures of `kerasformer export` (`serving_default`, `generate`, ...).
+        An `input_signature`, Keras's keyword options, or another `format`
+        go to Keras's export as given.
+
+        Example:
+
+        >>> model.export("saved_models/gpt")                       # doctest: +SKIP
+        >>> tf.saved_model.load("saved_models/gpt").serve(token_ids)  # doctest: +SKIP
+        """
+        if format != "tf_saved_model" or input_signature is not None or kwargs:
+            return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs)
+        from kerasformer.export import export
+
+        path = export(self, filepath)
+        if verbose is None or verbose:
+            print(f"Saved artifact at '{path}': call `tf.saved_model.load(path).serve(inputs)`, "
+                  "or see its signatures with `saved_model_cli show --all --dir PATH`.")
+        return path
+
     def input_vocabularies(self):
         """`{input name: (number of ids, the argument that sets it)}`: the ids each input may hold."""
         return {}
