@@ -4,7 +4,9 @@
 
 Weights do not depend on the backend, so the model is saved as a `.keras`
 file and rebuilt under the TensorFlow backend (in a subprocess when the
-current backend is another), where the signatures are traced:
+current backend is another), where the signatures of a kerasformer model
+are traced (any other Keras model gets Keras's own `serve` and
+`serving_default` there):
 
 - `serving_default`: token ids (+ padding mask, segment ids, decoder ids)
   -> logits, for every model;
@@ -47,17 +49,33 @@ DEFAULTS = {"max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, 
 
 
 def export(model, path, tokenizer=None):
-    """Writes `model` (and its tokenizer) as a TensorFlow SavedModel at `path`."""
-    from kerasformer.models import BERT, GPT, BERTClassifier, BERTMaskedLM
-    from kerasformer.models.seq2seq import EncoderDecoderModel
+    """Writes `model` (and its tokenizer) as a TensorFlow SavedModel at `path`.
 
-    if not isinstance(model, (GPT, BERT, BERTMaskedLM, BERTClassifier, EncoderDecoderModel)):
-        raise ValueError(f"Cannot export a {type(model).__name__}: `model` must be a kerasformer model.")
+    A kerasformer model (GPT, BERT and its task models, T5, Transformer) gets
+    the signatures above. Any other `keras.Model`, one assembled from
+    kerasformer's layers say, gets Keras's own SavedModel (`serve`,
+    `serving_default`), written under TensorFlow too: Keras's export fails on
+    torch. Its custom layers must then be importable from a module, as the
+    TensorFlow process rebuilds the model from its `.keras` file.
+    """
+    ours = _is_kerasformer_model(model)
+    if not ours:
+        if not isinstance(model, keras.Model):
+            raise ValueError(f"`model` must be a keras.Model, got a {type(model).__name__}.")
+        if tokenizer is not None:
+            raise ValueError("`tokenizer` needs a kerasformer model (GPT, BERT, T5, Transformer), whose text signatures "
+                             f"it feeds; got a {type(model).__name__}.")
     path = os.path.abspath(path)
     _check_replaceable(path)
+    modules = [] if ours or keras.backend.backend() == "tensorflow" else _modules_to_import(model)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=".export-") as staging:
+        output = os.path.join(staging, "saved_model")
+        if not ours and keras.backend.backend() == "tensorflow":
+            model.export(output, format="tf_saved_model", verbose=False)
+            _move_into_place(output, path)
+            return path
         keras_path = os.path.join(staging, "model.keras")
         model.save(keras_path)
         tokenizer_dir = None
@@ -66,19 +84,41 @@ def export(model, path, tokenizer=None):
 
             tokenizer_dir = os.path.join(staging, "tokenizer")
             save_tokenizer(tokenizer, tokenizer_dir)
-        output = os.path.join(staging, "saved_model")
         if keras.backend.backend() == "tensorflow":
             _export_with_tensorflow(keras_path, tokenizer_dir, output)
         else:
             env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
             command = [sys.executable, "-m", "kerasformer.export", keras_path, output]
             if tokenizer_dir:
-                command.append(tokenizer_dir)
+                command += ["--tokenizer", tokenizer_dir]
+            if modules:  # The user's layers: importable from where this process imported them.
+                command += [arg for module in modules for arg in ("--import", module)]
+                env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
             result = subprocess.run(command, env=env, capture_output=True, text=True)
             if result.returncode != 0:
                 raise RuntimeError(f"Export under the TensorFlow backend failed:\n{result.stderr[-4000:]}")
         _move_into_place(output, path)
     return path
+
+
+def _is_kerasformer_model(model):
+    from kerasformer.models import BERT, GPT, BERTClassifier, BERTMaskedLM
+    from kerasformer.models.seq2seq import EncoderDecoderModel
+
+    return isinstance(model, (GPT, BERT, BERTMaskedLM, BERTClassifier, EncoderDecoderModel))
+
+
+def _modules_to_import(model):
+    """The modules of `model`'s own classes, which Keras does not import when it loads a `.keras` file."""
+    objects = [model, *model._flatten_layers(include_self=False, recursive=True)]
+    modules = sorted({type(o).__module__ for o in objects} - {"builtins"})
+    modules = [m for m in modules if m.split(".")[0] not in ("keras", "kerasformer", "keras_hub")]
+    if "__main__" in modules:
+        names = sorted({type(o).__name__ for o in objects if type(o).__module__ == "__main__"})
+        raise ValueError(f"Cannot export from the {keras.backend.backend()} backend a model with classes defined in the "
+                         f"script itself ({', '.join(names)}): the model is rebuilt under TensorFlow in another process, "
+                         "which cannot import them. Define them in a module, or export under the TensorFlow backend.")
+    return modules
 
 
 def export_run(run_dir, path):
@@ -123,6 +163,9 @@ def _export_with_tensorflow(keras_path, tokenizer_dir, output):
     from kerasformer.models.seq2seq import EncoderDecoderModel
 
     model = keras.saving.load_model(keras_path)
+    if not _is_kerasformer_model(model):
+        model.export(output, format="tf_saved_model", verbose=False)
+        return
     tokenizer = None
     if tokenizer_dir:
         tokenizer = data.load_tokenizer(tokenizer_dir)
@@ -557,5 +600,16 @@ def _text_signatures(model, tokenizer, signatures):
     return out
 
 
-if __name__ == "__main__":  # The subprocess of `export`: python -m kerasformer.export MODEL OUT [TOKENIZER]
-    _export_with_tensorflow(sys.argv[1], sys.argv[3] if len(sys.argv) > 3 else None, sys.argv[2])
+if __name__ == "__main__":  # The subprocess of `export`: python -m kerasformer.export MODEL OUT [--tokenizer DIR] [--import MODULE]...
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("output")
+    parser.add_argument("--tokenizer")
+    parser.add_argument("--import", dest="modules", action="append", default=[])
+    arguments = parser.parse_args()
+    for module in arguments.modules:  # Registers the user's classes for loading.
+        importlib.import_module(module)
+    _export_with_tensorflow(arguments.model, arguments.tokenizer, arguments.output)

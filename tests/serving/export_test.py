@@ -12,6 +12,7 @@ import pytest
 from kerasformer import data
 from kerasformer.export import export
 from kerasformer.generate import generate
+from kerasformer.layers import DecoderBlock, PositionEmbedding
 from kerasformer.models import GPT, BERTClassifier, BERTMaskedLM, Transformer, from_preset
 from tests.conftest import to_numpy
 from tests.generate_test import greedy_in_windows_by_full_passes, seq2seq, seq2seq_greedy_by_full_passes
@@ -241,6 +242,44 @@ def test_keras_export_writes_a_saved_model_with_keras_serve_endpoint_on_every_ba
     assert ("generate" in results["signatures"]) == (family in ("gpt", "t5"))
     if family != "t5":  # T5's relative positions have no table to pass.
         assert results["serve#too_long"]["error"] == "`token_ids` must fit the learned positions: at most 8 tokens (max_sequence_length=8)."
+
+
+def assembled_model(extra_layer=None):
+    """A language model built from kerasformer's layers, not one of its builders (README: "Or assembled from the layers")."""
+    tokens = keras.Input((None,), dtype="int32", name="token_ids")
+    x = keras.layers.Embedding(VOCAB, 16, mask_zero=True)(tokens)
+    x = x + PositionEmbedding(sequence_length=8)(x)
+    x = DecoderBlock(num_heads=2, norm_first=True, activation="gelu")(x)
+    x = extra_layer(x) if extra_layer is not None else x
+    return keras.Model(tokens, keras.layers.Dense(VOCAB)(keras.layers.LayerNormalization()(x)))
+
+
+def test_a_model_assembled_from_layers_exports_from_every_backend(tmp_path):
+    # Keras's own export fails on torch; `export` had refused any model but kerasformer's builders.
+    from tests.serving.custom_layers import Scale  # A user's registered layer: the TF process must import its module.
+
+    model = assembled_model(Scale())
+    path = export(model, tmp_path / "assembled")
+    ids = np.array([[5, 6, 7, 0], [8, 9, 10, 11]], "int32")
+    results = run_saved_model(path, {"serve": ids.tolist(), "serving_default": {"token_ids": ids.tolist()}})
+    expected = to_numpy(model(ids))
+    np.testing.assert_allclose(np.array(results["serve"]["output"]), expected, atol=1e-4)
+    np.testing.assert_allclose(np.array(results["serving_default"]["output_0"]), expected, atol=1e-4)
+    with pytest.raises(ValueError, match="`tokenizer` needs a kerasformer model"):
+        export(model, tmp_path / "with_tokenizer", tokenizer=data.train_tokenizer("char", ["abc"]))
+    with pytest.raises(ValueError, match="`model` must be a keras.Model, got a DecoderBlock"):
+        export(DecoderBlock(num_heads=2), tmp_path / "layer")
+
+
+def test_a_model_with_a_class_of_the_script_itself_is_refused_by_name_off_tensorflow(tmp_path):
+    shift = type("Shift", (keras.layers.Layer,), {"call": lambda self, x: x + 1.0, "__module__": "__main__"})
+    model = assembled_model(shift())
+    if keras.backend.backend() == "tensorflow":  # Exported in this process, from the live model.
+        assert os.path.isfile(os.path.join(export(model, tmp_path / "shifted"), "saved_model.pb"))
+        return
+    with pytest.raises(ValueError, match=r"classes defined in the script itself \(Shift\).*Define them in a module"):
+        export(model, tmp_path / "shifted")
+    assert not os.path.exists(tmp_path / "shifted")
 
 
 def test_seq2seq_generate_text_stops_at_the_end_token_and_leaves_out_control_tokens(tmp_path):
