@@ -8,6 +8,19 @@ from keras import ops
 from kerasformer.checks import check_positive_int
 
 
+def _checked_in_tf_graph(positions, sequence_length):
+    """`positions`, once a TF graph has checked that they fit the table (a SavedModel of a model assembled from
+    the layers: the gather's own error names no argument, "indices[8] = 8 is not in [0, 8)"). XLA drops the check."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return positions
+    message = f"The sequence does not fit the learned position table of `sequence_length={sequence_length}`."
+    check = tf.debugging.assert_less(tf.reduce_max(positions), sequence_length, message=message)
+    with tf.control_dependencies([check]):
+        return tf.identity(positions)
+
+
 def _static_length(tensor, axis=1):
     """The length along `axis` if known when tracing, else None."""
     length = tensor.shape[axis]
@@ -117,6 +130,8 @@ class PositionEmbedding(keras.layers.Layer):
             )
         # A gather rather than a dynamic slice: both XLA and torch.export take it.
         positions = ops.arange(shape[1]) + ops.cast(start_index, "int32")  # (T,)
+        if keras.backend.backend() == "tensorflow" and (length is None or start is None):
+            positions = _checked_in_tf_graph(positions, self.sequence_length)
         embeddings = ops.take(self.position_embeddings, positions, axis=0)  # (T, d)
         return ops.broadcast_to(ops.cast(embeddings, self.compute_dtype), shape)
 

@@ -12,3 +12,14 @@ class Scale(keras.layers.Layer):
 
     def call(self, x):
         return x * self.scale
+
+
+@keras.saving.register_keras_serializable(package="kerasformer_tests")
+class EagerOnly(keras.layers.Layer):
+    """Reads a value back into Python: it runs eagerly but cannot be traced into a graph, so an export fails midway."""
+
+    def call(self, x):
+        return x * float(keras.ops.convert_to_numpy(keras.ops.max(x)) > 0)
+
+    def compute_output_shape(self, input_shape):  # Builds the functional graph without tracing `call`.
+        return input_shape

@@ -261,10 +261,13 @@ def test_a_model_assembled_from_layers_exports_from_every_backend(tmp_path):
     model = assembled_model(Scale())
     path = export(model, tmp_path / "assembled")
     ids = np.array([[5, 6, 7, 0], [8, 9, 10, 11]], "int32")
-    results = run_saved_model(path, {"serve": ids.tolist(), "serving_default": {"token_ids": ids.tolist()}})
+    results = run_saved_model(path, {"serve": ids.tolist(), "serving_default": {"token_ids": ids.tolist()},
+                                     "serve#too_long": [[5] * 9]})
     expected = to_numpy(model(ids))
     np.testing.assert_allclose(np.array(results["serve"]["output"]), expected, atol=1e-4)
     np.testing.assert_allclose(np.array(results["serving_default"]["output_0"]), expected, atol=1e-4)
+    # Past the learned table: the layer's check in the graph names it (the gather said "indices[8] = 8 is not in [0, 8)").
+    assert results["serve#too_long"]["error"] == "The sequence does not fit the learned position table of `sequence_length=8`."
     with pytest.raises(ValueError, match="`tokenizer` needs a kerasformer model"):
         export(model, tmp_path / "with_tokenizer", tokenizer=data.train_tokenizer("char", ["abc"]))
     with pytest.raises(ValueError, match="`model` must be a keras.Model, got a DecoderBlock"):
@@ -374,8 +377,12 @@ def test_saved_model_cli_lists_the_signatures_and_export_is_atomic(tmp_path):
         assert f"signature_def['{name}']" in shown.stdout
     # A failing export leaves the previous export in place and nothing half-written.
     before = sorted(os.listdir(target))
-    with pytest.raises(ValueError):
-        export(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), target)
+    from tests.serving.custom_layers import EagerOnly
+
+    untraceable = keras.Sequential([keras.Input((3,)), EagerOnly()])
+    untraceable(np.ones((1, 3), "float32"))  # It runs; only its export fails, under TensorFlow's tracing.
+    with pytest.raises(Exception, match="convert|numpy|symbolic|Export under the TensorFlow backend failed"):
+        export(untraceable, target)
     assert sorted(os.listdir(target)) == before
     assert [p for p in os.listdir(target.parent) if p.startswith(".export")] == []
     # An export replaces a SavedModel or an empty folder, never a file or a folder of other things.
