@@ -325,8 +325,8 @@ def keras_serve_endpoint(model, signatures):
             source = inputs["encoder_token_ids"]
             return serving_default(encoder_token_ids=source, encoder_padding_mask=tf.ones_like(source),
                                    decoder_token_ids=inputs["decoder_token_ids"])["logits"]
-        ids = inputs["token_ids"]
-        outputs = serving_default(token_ids=ids, padding_mask=tf.ones_like(ids), segment_ids=inputs["segment_ids"])
+        token_ids = inputs["token_ids"]
+        outputs = serving_default(token_ids=token_ids, padding_mask=tf.ones_like(token_ids), segment_ids=inputs["segment_ids"])
         return outputs if isinstance(model, BERT) else outputs["logits"]  # A backbone's dict; a task model's logits.
 
     return serve
