@@ -6,14 +6,16 @@ import keras
 from keras import ops
 
 from kerasformer.checks import check_positive_int
+from kerasformer.tf_xla import compiling_with_xla
 
 
 def _checked_in_tf_graph(positions, sequence_length):
     """`positions`, once a TF graph has checked that they fit the table (a SavedModel of a model assembled from
-    the layers: the gather's own error names no argument, "indices[8] = 8 is not in [0, 8)"). XLA drops the check."""
+    the layers: the gather's own error names no argument, "indices[8] = 8 is not in [0, 8)"). XLA would drop the
+    check and log "Ignoring Assert operator" at each compilation, so a graph XLA compiles gets none."""
     import tensorflow as tf
 
-    if tf.executing_eagerly():
+    if tf.executing_eagerly() or compiling_with_xla():
         return positions
     message = f"The sequence does not fit the learned position table of `sequence_length={sequence_length}`."
     check = tf.debugging.assert_less(tf.reduce_max(positions), sequence_length, message=message)

@@ -117,6 +117,17 @@ class TransformerModel(keras.Model):
             check_data(self, validation)
         return super().fit(x, y, *args, **kwargs)
 
+    def _symbolic_build(self, iterator=None, data_batch=None):
+        # Under a `tf.distribute` strategy (MirroredStrategy over several
+        # GPUs), Keras's TF trainer builds the model from the replicas' first
+        # batches averaged by a "MEAN" reduce: float token ids, which `call`
+        # refuses. Only their shapes count there, so they take back the
+        # inputs' dtypes; the steps themselves get the data as given.
+        if data_batch is not None:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data_batch)
+            data_batch = (with_input_dtypes(self, self.complete_inputs(x)), y, sample_weight)
+        return super()._symbolic_build(iterator=iterator, data_batch=data_batch)
+
     def evaluate(self, x=None, y=None, *args, **kwargs):
         x = without_none(x)
         check_data(self, x, y)
@@ -312,6 +323,16 @@ def check_data(model, x, y=None):
             check_token_ids(value, size, name, size_name)
     if is_array(y) and len(model.outputs) == 1:
         check_labels(y, model.outputs[0].shape[-1])
+
+
+def with_input_dtypes(model, x):
+    """`x` with each tensor cast to the dtype of the model input it feeds (a structure that does not match: as given)."""
+    expected = model._inputs_struct
+    if isinstance(expected, dict) != isinstance(x, dict):
+        return x
+    if not isinstance(x, dict):
+        return keras.ops.cast(x, expected.dtype)
+    return {name: keras.ops.cast(value, expected[name].dtype) if name in expected and value is not None else value for name, value in x.items()}
 
 
 def without_none(x):
