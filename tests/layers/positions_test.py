@@ -46,10 +46,10 @@ def test_learned_table_slices_positions_and_errors_past_its_length():
         layer(np.zeros((1, 4, 6), "float32"), start_index=8)
 
 
-
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the table's graph check is TF's; JAX and torch have none")
 def test_learned_table_check_stays_out_of_graphs_xla_compiles():
     # XLA drops the assert, and logged "Ignoring Assert operator" at each compiled `generate` and `fit`.
+    import os
     import subprocess
     import sys
 
@@ -63,11 +63,12 @@ def test_learned_table_check_stays_out_of_graphs_xla_compiles():
         graph = tf.function(step).get_concrete_function(x, tf.TensorSpec((), tf.int32)).graph
         print(any(op.type == "Assert" for op in graph.get_operations()))
         """
-    env = {"TF_CPP_MIN_LOG_LEVEL": "0", "KERAS_BACKEND": "tensorflow", "PYTHONPATH": ":".join(sys.path), "PATH": ""}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "0", "KERAS_BACKEND": "tensorflow", "PYTHONPATH": os.pathsep.join(sys.path), "PATH": ""}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Ignoring Assert operator" not in result.stderr
     assert result.stdout.strip().splitlines()[-1] == "True"  # A graph that is not compiled keeps the check.
+
 
 def test_rotary_dot_product_depends_only_on_relative_offset():
     rotary = RotaryEmbedding()
