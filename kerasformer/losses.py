@@ -24,6 +24,12 @@ class TokenCrossEntropy(keras.losses.Loss):
 
     Example:
 
+    >>> loss = TokenCrossEntropy()
+    >>> logits = np.zeros((2, 3, 8), "float32")  # (B, T, V): uniform over 8 tokens
+    >>> round(float(loss(np.array([[1, 2, 3], [4, 5, 6]]), logits)), 4)  # ln 8
+    2.0794
+    >>> from kerasformer.models import GPT
+    >>> model = GPT(vocab_size=8, num_layers=1, num_heads=2, hidden_dim=16)
     >>> model.compile(optimizer="adamw", loss=TokenCrossEntropy())
     """
 

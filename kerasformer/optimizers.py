@@ -53,8 +53,12 @@ class AdamW(keras.optimizers.AdamW):
 
     Example:
 
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     >>> optimizer = AdamW(learning_rate=1e-3, weight_decay=0.1)
-    >>> model.compile(optimizer=optimizer, loss="mse")  # doctest: +SKIP
+    >>> model.compile(optimizer=optimizer, loss="mse")
+    >>> history = model.fit(np.ones((8, 3)), np.ones((8, 1)), epochs=2, verbose=0)
+    >>> int(optimizer.iterations)
+    2
     """
 
     def _use_fused_kernel(self, variables):

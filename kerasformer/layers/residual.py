@@ -41,6 +41,7 @@ class Residual(keras.layers.Layer):
 
     Example:
 
+    >>> from kerasformer.layers import FeedForward
     >>> block = Residual(FeedForward(), norm_first=True)
     >>> block(np.random.rand(2, 10, 64).astype("float32")).shape
     (2, 10, 64)
