@@ -16,6 +16,7 @@ def _tensor(x):
 def copy_attention(ours, theirs):
     """Our (C, H, D) EinsumDense kernels into torch's packed in-projection."""
     q, k, v, o = ours.query_dense, ours.key_dense, ours.value_dense, ours.output_dense
+    C = q.kernel.shape[0]  # The model width.
     with torch.no_grad():
         theirs.in_proj_weight.copy_(
             torch.cat([_tensor(d.kernel).reshape(C, C).T for d in (q, k, v)])
