@@ -5,7 +5,6 @@ import argparse
 import keras
 
 from kerasformer import data
-from kerasformer.generate import generate
 from kerasformer.losses import TokenCrossEntropy
 from kerasformer.models import from_preset
 from kerasformer.optimizers import AdamW  # Keras's AdamW, fused on torch.
@@ -25,5 +24,5 @@ model.compile(optimizer=AdamW(3e-3, global_clipnorm=1.0), loss=TokenCrossEntropy
 model.fit(batches, epochs=1)
 
 prompt = data.encode(tokenizer, "the old cat")
-new = generate(model, [prompt], max_new_tokens=60, temperature=0.8, top_k=10, seed=0)[0]
+new = model.generate([prompt], max_new_tokens=60, temperature=0.8, top_k=10, seed=0)[0]
 print("the old cat" + data.decode(tokenizer, new))

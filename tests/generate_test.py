@@ -123,6 +123,29 @@ def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
 
 
 
+def test_models_have_a_generate_method(tmp_path):
+    """`model.generate(...)`, as KerasHub's and Hugging Face's models have it, also after a `.keras` round trip."""
+    model = gpt()
+    prompts = [[5, 6, 7], [8, 9]]
+    out = model.generate(prompts, max_new_tokens=5)
+    assert out.shape == (2, 5) and out.dtype == np.int32
+    for prompt, row in zip(prompts, out):
+        assert list(row) == greedy_by_full_passes(model, prompt, 5)
+    sampled = model.generate(prompts, max_new_tokens=5, temperature=1.5, top_k=10, seed=3)
+    np.testing.assert_array_equal(sampled, generate(model, prompts, max_new_tokens=5, temperature=1.5, top_k=10, seed=3))
+    path = tmp_path / "gpt.keras"
+    model.save(path)
+    np.testing.assert_array_equal(keras.saving.load_model(path).generate(prompts, max_new_tokens=5), out)
+
+    for builder in (T5, Transformer):
+        model = seq2seq(builder)
+        source = [5, 6, 7, 8]
+        row = model.generate([source], max_new_tokens=4, start_token_id=1)[0]
+        assert list(row) == seq2seq_greedy_by_full_passes(model, source, 4, start=1)
+    with pytest.raises(ValueError, match="`max_new_tokens`"):
+        model.generate([[5, 6]], max_new_tokens=0)
+
+
 @pytest.mark.parametrize("builder", [T5, Transformer])
 def test_bf16_seq2seq_decodes_from_a_bf16_cross_attention_cache(builder):
     # The cross-attention cache is projected outside a layer call, where Keras

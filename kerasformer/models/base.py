@@ -399,6 +399,28 @@ class TaskModel(TransformerModel):
         return {**config, "backbone": keras.saving.deserialize_keras_object(config["backbone"])}
 
 
+class GenerativeModel(TransformerModel):
+    """A `TransformerModel` that generates text: `GPT`, `T5`, `Transformer`."""
+
+    def generate(self, inputs, max_new_tokens=32, **options):
+        """New tokens after each prompt (GPT) or for each source (T5, Transformer).
+
+        `kerasformer.generate.generate(self, ...)`, which has the options
+        (greedy by default; `temperature`, `top_k`, `top_p`, `seed`,
+        `stop_token_ids`, `num_beams`, ...); compiled once per model and shape.
+
+        Example:
+
+        >>> from kerasformer.models import GPT
+        >>> model = GPT(vocab_size=100, num_layers=2, num_heads=2, hidden_dim=32)
+        >>> model.generate([[5, 6, 7], [8]], max_new_tokens=4).shape  # (B, max_new_tokens), int32 numpy
+        (2, 4)
+        """
+        from kerasformer.generate import generate
+
+        return generate(self, inputs, max_new_tokens=max_new_tokens, **options)
+
+
 # A model rebuilds from its constructor arguments, with float kernels. The
 # layers that `model.quantize(mode)` replaced (int8, int4, float8, GPTQ, ...)
 # are listed in its config, by path, and quantized again when it loads, so

@@ -12,7 +12,7 @@ from kerasformer.layers import DecoderBlock
 from kerasformer.layers.embedding import TokenEmbedding
 from kerasformer.layers.residual import make_norm
 from kerasformer.models.base import (
-    TransformerModel,
+    GenerativeModel,
     check_choice,
     constructor_arguments,
     position_layer,
@@ -23,7 +23,7 @@ POSITION_TYPES = ("learned", "sinusoidal", "rotary")
 
 
 @keras.saving.register_keras_serializable(package="kerasformer")
-class GPT(TransformerModel):
+class GPT(GenerativeModel):
     """A decoder-only Transformer language model (functional `keras.Model`).
 
     With the defaults it is GPT-2: learned positions, pre-norm blocks with

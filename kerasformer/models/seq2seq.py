@@ -3,10 +3,10 @@
 import keras
 from keras import ops
 
-from kerasformer.models.base import TransformerModel, empty_cache
+from kerasformer.models.base import GenerativeModel, TransformerModel, empty_cache
 
 
-class EncoderDecoderModel(TransformerModel):
+class EncoderDecoderModel(GenerativeModel):
     """Encoder and decoder stacks; subclasses choose the parts.
 
     The parts (attributes) are: `source_embedding`, `target_embedding`
