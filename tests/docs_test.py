@@ -68,6 +68,5 @@ def test_readme_python_blocks_run():
     for block in blocks:
         namespace = {}
         exec(compile(block, str(README), "exec"), namespace)
-        if "model" in namespace and isinstance(namespace["model"], keras.Model):
+        if isinstance(namespace.get("model"), keras.Model):
             assert namespace["model"].count_params() > 0
-        del namespace

@@ -122,7 +122,6 @@ def test_seq2seq_cached_greedy_equals_full_passes(builder, tie_embeddings):
         assert list(row) == seq2seq_greedy_by_full_passes(model, list(source), 6, start=1)
 
 
-
 def test_models_have_a_generate_method(tmp_path):
     """`model.generate(...)`, as KerasHub's and Hugging Face's models have it, also after a `.keras` round trip."""
     model = gpt()

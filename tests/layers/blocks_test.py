@@ -44,6 +44,22 @@ def copy_feedforward(block, reference, norm):
     copy_norm(block.feedforward.norm, norm)
 
 
+def copy_encoder_block(block, reference):
+    """An `EncoderBlock`'s weights into a `torch.nn.TransformerEncoderLayer`."""
+    copy_attention(block.self_attention.sublayer, reference.self_attn)
+    copy_norm(block.self_attention.norm, reference.norm1)
+    copy_feedforward(block, reference, reference.norm2)
+
+
+def copy_decoder_block(block, reference):
+    """A `DecoderBlock`'s weights into a `torch.nn.TransformerDecoderLayer`."""
+    copy_attention(block.self_attention.sublayer, reference.self_attn)
+    copy_norm(block.self_attention.norm, reference.norm1)
+    copy_attention(block.cross_attention.sublayer, reference.multihead_attn)
+    copy_norm(block.cross_attention.norm, reference.norm2)
+    copy_feedforward(block, reference, reference.norm3)
+
+
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
 def test_encoder_block_equals_torch_encoder_layer(norm_first):
     x = random_inputs(B, T, C)
@@ -55,9 +71,7 @@ def test_encoder_block_equals_torch_encoder_layer(norm_first):
     reference = torch.nn.TransformerEncoderLayer(
         C, H, F, dropout=0.0, batch_first=True, norm_first=norm_first
     )
-    copy_attention(block.self_attention.sublayer, reference.self_attn)
-    copy_norm(block.self_attention.norm, reference.norm1)
-    copy_feedforward(block, reference, reference.norm2)
+    copy_encoder_block(block, reference)
     expected = reference(torch.tensor(x), src_key_padding_mask=torch.tensor(~pad)).detach().numpy()
     np.testing.assert_allclose(ours, expected, atol=1e-5)
 
@@ -72,11 +86,7 @@ def test_decoder_block_equals_torch_decoder_layer(norm_first):
     reference = torch.nn.TransformerDecoderLayer(
         C, H, F, dropout=0.0, batch_first=True, norm_first=norm_first
     )
-    copy_attention(block.self_attention.sublayer, reference.self_attn)
-    copy_norm(block.self_attention.norm, reference.norm1)
-    copy_attention(block.cross_attention.sublayer, reference.multihead_attn)
-    copy_norm(block.cross_attention.norm, reference.norm2)
-    copy_feedforward(block, reference, reference.norm3)
+    copy_decoder_block(block, reference)
     expected = reference(
         torch.tensor(x),
         torch.tensor(memory),

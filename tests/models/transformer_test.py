@@ -15,7 +15,7 @@ import torch
 
 from kerasformer.models import Transformer
 from tests.conftest import to_numpy
-from tests.layers.blocks_test import _tensor, copy_attention, copy_feedforward, copy_norm
+from tests.layers.blocks_test import _tensor, copy_decoder_block, copy_encoder_block, copy_norm
 
 V, N, H, C, F = 50, 2, 4, 32, 64
 
@@ -32,20 +32,16 @@ def paper_position_encoding(length, width):
 
 def torch_stacks(model, norm_first):
     """`torch.nn` encoder and decoder stacks holding the model's weights."""
-    final_norm = torch.nn.LayerNorm(C) if norm_first else None  # A post-norm stack ends with its last block's norm.
     options = dict(d_model=C, nhead=H, dim_feedforward=F, dropout=0.0, batch_first=True, norm_first=norm_first)
-    encoder = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(**options), N, norm=final_norm, enable_nested_tensor=False)
-    decoder = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(**options), N, norm=final_norm and torch.nn.LayerNorm(C))
+    # A pre-norm stack ends with a norm of its own; a post-norm one with its last block's.
+    encoder = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(**options), N, norm=torch.nn.LayerNorm(C) if norm_first else None, enable_nested_tensor=False
+    )
+    decoder = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(**options), N, norm=torch.nn.LayerNorm(C) if norm_first else None)
     for block, layer in zip(model.encoder_blocks, encoder.layers):
-        copy_attention(block.self_attention.sublayer, layer.self_attn)
-        copy_norm(block.self_attention.norm, layer.norm1)
-        copy_feedforward(block, layer, layer.norm2)
+        copy_encoder_block(block, layer)
     for block, layer in zip(model.decoder_blocks, decoder.layers):
-        copy_attention(block.self_attention.sublayer, layer.self_attn)
-        copy_norm(block.self_attention.norm, layer.norm1)
-        copy_attention(block.cross_attention.sublayer, layer.multihead_attn)
-        copy_norm(block.cross_attention.norm, layer.norm2)
-        copy_feedforward(block, layer, layer.norm3)
+        copy_decoder_block(block, layer)
     if norm_first:
         copy_norm(model.encoder_final_norm, encoder.norm)
         copy_norm(model.decoder_final_norm, decoder.norm)
