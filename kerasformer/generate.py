@@ -6,9 +6,10 @@
 
 The whole loop (prefill, then one token per step through the cache) is a
 `keras.ops.while_loop`, compiled by `jax.jit` on JAX and by
-`tf.function(jit_compile=True)` on TensorFlow; on PyTorch it runs eagerly
-under `torch.no_grad()` (nothing is traced, so nothing is re-traced per
-token). Compiled loops are cached per shape and option set, so calls with the
+`tf.function(jit_compile=True)` on TensorFlow; on PyTorch the loop runs in
+Python under `torch.no_grad()`, and its body (one decoding step) is traced
+once per shape with `torch.jit.trace` (`_TorchBody`), so that no token is
+re-traced. Compiled loops are cached per shape and option set, so calls with the
 same shapes do not recompile; and the lengths are padded (`padded_length`),
 so that prompts and sources of other lengths reuse them too: each new length
 had cost a compilation (~2 s on TF, ~1 s on JAX for a 4-layer GPT) for a
