@@ -79,14 +79,16 @@ def _export_parser(subparsers):
 
 
 def _serve_parser(subparsers):
-    from kerasformer.serve import DEFAULT_MAX_ANSWER_VALUES, DEFAULT_MAX_TOKENS
+    from kerasformer.serve import DEFAULT_MAX_ANSWER_VALUES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TOKENS
 
     parser = subparsers.add_parser("serve", help="serve a SavedModel over TF Serving's REST API")
     parser.add_argument("saved_model", help="a folder written by `kerasformer export`")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8501, help="(default: %(default)s, TF Serving's REST port)")
     parser.add_argument("--name", default=None, help="model name in URLs (default: the folder name)")
-    parser.add_argument("--workers", type=int, default=4, help="requests served at once (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=4, help="requests that run the model at once (default: %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="open client connections; more are answered 503 (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help="the most tokens in a request, rows x (longest input + new tokens); more get 413 (default: %(default)s)")
     parser.add_argument("--max-answer-values", type=int, default=DEFAULT_MAX_ANSWER_VALUES,
@@ -209,7 +211,8 @@ def _run(args):
         from kerasformer.serve import serve
 
         serve(args.saved_model, host=args.host, port=args.port, name=args.name, workers=args.workers,
-              max_tokens=args.max_tokens, max_answer_values=args.max_answer_values)
+              max_tokens=args.max_tokens, max_answer_values=args.max_answer_values,
+              max_connections=args.max_connections)
 
 
 if __name__ == "__main__":

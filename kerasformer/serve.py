@@ -10,8 +10,12 @@
 Answers are TF Serving's: `{"predictions": [...]}` for rows, `{"outputs": ...}`
 for columns, `{"error": "..."}` with a 4xx status for a bad request. A client
 written for TF Serving works unchanged, and the same folder can be served by
-`tensorflow_model_server` in production. Requests run on a bounded thread
-pool; SIGTERM stops the server cleanly. Only TensorFlow is needed here.
+`tensorflow_model_server` in production. Each connection has a thread of
+its own (up to `max_connections`) and at most `workers` requests run the
+model at once; a connection silent for `CONNECTION_TIMEOUT_S` is closed, so
+neither idle keep-alive clients nor stalled ones hold the model's workers.
+SIGTERM finishes the requests in progress and stops the server, even while
+clients keep connections open. Only TensorFlow is needed here.
 A request of more tokens than `max_tokens`, or whose answer would hold more
 numbers than `max_answer_values`, gets 413 before it runs, so that one
 request cannot take all the server's memory.
@@ -29,8 +33,8 @@ requests.
 import json
 import os
 import signal
+import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import numpy as np
@@ -38,6 +42,10 @@ import numpy as np
 from kerasformer.checks import check_positive_int
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# A connection that sends nothing for this long, between requests (HTTP/1.1
+# keeps connections open) or within one, is closed: it holds a thread.
+CONNECTION_TIMEOUT_S = 30
+DEFAULT_MAX_CONNECTIONS = 256
 # A request's work is bounded so that no request can exhaust the server's
 # memory (the OS would kill it): its tokens, rows x (longest input + new
 # tokens), bound activations and caches; its answer's numbers bound the
@@ -318,6 +326,24 @@ def _rows(outputs):
 class _Handler(BaseHTTPRequestHandler):
     server_version = "kerasformer-serve"
     protocol_version = "HTTP/1.1"
+    timeout = CONNECTION_TIMEOUT_S  # Of each read and write on the connection.
+
+    def handle_one_request(self):
+        # A request runs from its first line to its answer: the server's
+        # shutdown waits for those, and closes connections between them.
+        self.in_request = False
+        try:
+            super().handle_one_request()
+        finally:
+            if self.in_request:
+                self.server.end_request(self.connection)
+            if self.server.stopping.is_set():
+                self.close_connection = True
+
+    def parse_request(self):  # Called once a request line has arrived.
+        self.in_request = True
+        self.server.begin_request(self.connection)
+        return super().parse_request()
 
     def log_message(self, format, *args):  # Quiet by default; errors are answered, not printed.
         if os.environ.get("KERASFORMER_SERVE_LOG"):
@@ -369,7 +395,12 @@ class _Handler(BaseHTTPRequestHandler):
                 request = json.loads(body)
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
                 raise RequestError(f"The body is not valid JSON: {error}.") from None
-            self._reply(200, self.server.model.predict(request))
+            with self.server.model_workers:  # At most `workers` requests run the model at once.
+                answer = self.server.model.predict(request)
+            self._reply(200, answer)
+        except TimeoutError:  # The client stopped sending its body; what was read is not a request.
+            self.close_connection = True
+            self._reply(408, {"error": f"The request body did not arrive within {self.timeout} s."})
         except RequestError as error:
             # A body left unread would be read as the next request: close instead.
             self.close_connection = body is None
@@ -385,22 +416,45 @@ class _Handler(BaseHTTPRequestHandler):
     do_DELETE = do_PUT
 
 
-class PooledHTTPServer(HTTPServer):
-    """Handles each connection on a bounded thread pool."""
+class ModelHTTPServer(HTTPServer):
+    """Serves each connection on a thread of its own; at most `workers` requests run the model at once.
+
+    A thread per connection (up to `max_connections`; more are answered 503)
+    keeps a client that holds its connection open between requests, as
+    HTTP/1.1 clients do, from taking a model worker while it sends nothing.
+    `server_close` waits for the requests in progress and closes the idle
+    connections.
+    """
 
     allow_reuse_address = True
+    daemon_threads = True
 
-    def __init__(self, address, model, workers=4):
-        # Before binding: a failed bind closes the server, which shuts the pool down.
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="serve")
+    def __init__(self, address, model, workers=4, max_connections=DEFAULT_MAX_CONNECTIONS):
+        check_positive_int("max_connections", max_connections)
         self.model = model
+        self.model_workers = threading.BoundedSemaphore(workers)
+        self.max_connections = max_connections
+        self.stopping = threading.Event()
+        self._lock = threading.Condition()
+        self._connections = {}  # socket -> whether a request is in progress on it
         try:
             super().__init__(address, _Handler)
         except (OSError, OverflowError) as error:  # Port taken or out of range, unknown host.
             raise ValueError(f"Cannot listen on `host` {address[0]!r}, `port` {address[1]}: {str(error).rstrip('.')}.") from None
 
     def process_request(self, request, client_address):
-        self.pool.submit(self._handle, request, client_address)
+        with self._lock:
+            accepted = len(self._connections) < self.max_connections and not self.stopping.is_set()
+            if accepted:
+                self._connections[request] = False
+        if accepted:
+            try:
+                return threading.Thread(target=self._handle, args=(request, client_address), daemon=True).start()
+            except RuntimeError:  # No thread to be had: refused like one past the limit.
+                with self._lock:
+                    self._connections.pop(request, None)
+        _refuse(request, f"This server holds {self.max_connections} connections, its most; try again later.")
+        self.shutdown_request(request)
 
     def _handle(self, request, client_address):
         try:
@@ -408,24 +462,74 @@ class PooledHTTPServer(HTTPServer):
         except Exception:  # noqa: BLE001 - a broken connection must not stop the server.
             self.handle_error(request, client_address)
         finally:
+            with self._lock:
+                self._connections.pop(request, None)
+                self._lock.notify_all()
             self.shutdown_request(request)
 
+    def handle_error(self, request, client_address):  # Quiet, as the handler's log is.
+        if os.environ.get("KERASFORMER_SERVE_LOG"):
+            super().handle_error(request, client_address)
+
+    def begin_request(self, connection):
+        with self._lock:
+            self._connections[connection] = True
+
+    def end_request(self, connection):
+        with self._lock:
+            if connection in self._connections:
+                self._connections[connection] = False
+            self._lock.notify_all()
+
     def server_close(self):
+        """Stops accepting, waits for the requests in progress, and closes every connection."""
+        self.stopping.set()
         super().server_close()
-        self.pool.shutdown(wait=True)
+        with self._lock:
+            while True:
+                for connection, busy in self._connections.items():
+                    if not busy:  # Waiting for a request that would not be served: wake its thread.
+                        _close_reading(connection)
+                if not any(self._connections.values()):
+                    break
+                self._lock.wait(timeout=1.0)
+
+
+def _close_reading(connection):
+    try:
+        connection.shutdown(socket.SHUT_RD)
+    except OSError:  # Already closed by the client.
+        pass
+
+
+def _refuse(connection, message):
+    """Answers 503 on a connection that gets no thread, without waiting on the client."""
+    payload = json.dumps({"error": message}).encode()
+    try:
+        connection.settimeout(1.0)
+        connection.sendall(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        )
+    except OSError:
+        pass
 
 
 def serve(path, host="127.0.0.1", port=8501, name=None, workers=4, ready=None,
-          max_tokens=DEFAULT_MAX_TOKENS, max_answer_values=DEFAULT_MAX_ANSWER_VALUES):
+          max_tokens=DEFAULT_MAX_TOKENS, max_answer_values=DEFAULT_MAX_ANSWER_VALUES,
+          max_connections=DEFAULT_MAX_CONNECTIONS):
     """Serves the SavedModel at `path` until SIGTERM or SIGINT.
 
-    `max_tokens` bounds a request's rows x (longest input + new tokens), and
-    `max_answer_values` the numbers of its answer; larger requests get 413.
+    `workers` requests run the model at once, on up to `max_connections`
+    open connections. `max_tokens` bounds a request's rows x (longest input
+    + new tokens), and `max_answer_values` the numbers of its answer; larger
+    requests get 413.
     """
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"`workers` must be a positive number of requests served at once, got {workers!r}.")
+    check_positive_int("max_connections", max_connections)
     model = ServedModel(path, name, max_tokens, max_answer_values)
-    server = PooledHTTPServer((host, port), model, workers)
+    server = ModelHTTPServer((host, port), model, workers, max_connections)
 
     def stop(signum, frame):
         threading.Thread(target=server.shutdown, daemon=True).start()

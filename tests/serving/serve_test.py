@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -250,8 +251,16 @@ def test_concurrent_clients_then_clean_sigterm(server):
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: good_request_succeeds(port), range(32)))
     assert all(results)
+    # A client keeping its connection open after a request, and one that sent
+    # nothing: the server had waited for them forever on SIGTERM.
+    kept_open = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    kept_open.request("POST", "/v1/models/tiny:predict", json.dumps(GOOD).encode())
+    assert kept_open.getresponse().read()
+    silent = socket.create_connection(("127.0.0.1", port))
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 0
+    assert process.wait(timeout=20) == 0
+    kept_open.close()
+    silent.close()
     assert "Server stopped." in process.stdout.read()
 
 
@@ -265,7 +274,7 @@ def test_serving_a_folder_without_a_saved_model_is_one_error_line(tmp_path, caps
 
 
 def test_a_port_it_cannot_listen_on_and_bad_workers_are_named(tmp_path):
-    from kerasformer.serve import PooledHTTPServer, serve
+    from kerasformer.serve import ModelHTTPServer, serve
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -273,8 +282,162 @@ def test_a_port_it_cannot_listen_on_and_bad_workers_are_named(tmp_path):
         port = taken.getsockname()[1]
         # It used to fail with an AttributeError from its own clean-up, hiding why.
         with pytest.raises(ValueError, match=rf"Cannot listen on `host` '127.0.0.1', `port` {port}: .*in use"):
-            PooledHTTPServer(("127.0.0.1", port), model=None)
+            ModelHTTPServer(("127.0.0.1", port), model=None)
     with pytest.raises(ValueError, match=r"`port` 70000: .*0-65535\.$"):
-        PooledHTTPServer(("127.0.0.1", 70000), model=None)
+        ModelHTTPServer(("127.0.0.1", 70000), model=None)
     with pytest.raises(ValueError, match=r"`workers` must be a positive number .* got 0"):
         serve(str(tmp_path), workers=0)
+    with pytest.raises(ValueError, match=r"`max_connections` must be a positive int, got 0"):
+        serve(str(tmp_path), max_connections=0)
+
+
+class BlockingModel:
+    """A stand-in for `ServedModel` whose `predict` waits for `release`, counting the calls running at once."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.running = 0
+        self.most_running = 0
+        self.lock = threading.Lock()
+
+    def status(self):
+        return {"state": "AVAILABLE"}
+
+    def predict(self, request):
+        with self.lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        self.release.wait(timeout=30)
+        with self.lock:
+            self.running -= 1
+        return {"outputs": request["inputs"]}
+
+
+@pytest.fixture
+def fake_server():
+    """A `ModelHTTPServer` of a `BlockingModel` on a free port, in a thread: `(server, model, port)`."""
+    from kerasformer.serve import ModelHTTPServer
+
+    def start(**kwargs):
+        model = BlockingModel()
+        server = ModelHTTPServer(("127.0.0.1", 0), model, **kwargs)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append((server, model))
+        return server, model, server.server_address[1]
+
+    started = []
+    yield start
+    for server, model in started:
+        model.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def post_async(port, inputs, timeout=30):
+    """POSTs `{"inputs": inputs}` in a thread; `.result()` is `(status, body)`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(call_with_timeout, port, {"inputs": inputs}, timeout)
+    pool.shutdown(wait=False)
+    return future
+
+
+def call_with_timeout(port, body, timeout):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    connection.request("POST", "/v1/models/fake:predict", json.dumps(body).encode())
+    response = connection.getresponse()
+    status, text = response.status, response.read()
+    connection.close()
+    return status, json.loads(text)
+
+
+def wait_until(condition, timeout=10):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_connections_kept_open_or_silent_do_not_hold_the_model_workers(fake_server):
+    # HTTP/1.1 clients (http.client, requests.Session) keep a connection open
+    # after their answer. With a worker held per connection, 4 such clients (or
+    # 4 that connected and sent nothing) left a server of 4 workers answering
+    # no one else.
+    server, model, port = fake_server(workers=2)
+    model.release.set()
+    kept_open = []
+    for i in range(3):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("POST", "/v1/models/fake:predict", json.dumps({"inputs": [i]}).encode())
+        assert json.loads(connection.getresponse().read()) == {"outputs": [i]}
+        kept_open.append(connection)
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    assert call_with_timeout(port, {"inputs": [9]}, timeout=5) == (200, {"outputs": [9]})
+    for connection in kept_open:  # Each is still open and served.
+        connection.request("POST", "/v1/models/fake:predict", json.dumps({"inputs": [7]}).encode())
+        assert json.loads(connection.getresponse().read()) == {"outputs": [7]}
+        connection.close()
+    for connection in silent:
+        connection.close()
+
+
+def test_at_most_workers_requests_run_the_model_at_once(fake_server):
+    server, model, port = fake_server(workers=2)
+    answers = [post_async(port, [i]) for i in range(5)]
+    wait_until(lambda: model.running == 2)
+    time.sleep(0.2)  # The other three wait for a worker.
+    assert model.running == 2
+    model.release.set()
+    assert [a.result() for a in answers] == [(200, {"outputs": [i]}) for i in range(5)]
+    assert model.most_running == 2
+
+
+def test_shutdown_finishes_requests_in_progress_and_closes_idle_connections(fake_server):
+    server, model, port = fake_server()
+    idle = socket.create_connection(("127.0.0.1", port))
+    answer = post_async(port, [1])
+    wait_until(lambda: model.running == 1)
+    server.shutdown()
+    closing = threading.Thread(target=server.server_close)
+    closing.start()
+    time.sleep(0.3)
+    assert closing.is_alive()  # It waits for the request in progress...
+    model.release.set()
+    assert answer.result() == (200, {"outputs": [1]})  # ...which is answered,
+    closing.join(timeout=10)
+    assert not closing.is_alive()
+    idle.settimeout(10)
+    assert idle.recv(1) == b""  # and the idle connection is closed.
+    idle.close()
+
+
+def test_connections_past_the_limit_get_503(fake_server):
+    server, model, port = fake_server(max_connections=2)
+    model.release.set()
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    wait_until(lambda: len(server._connections) == 2)
+    status, body = call_with_timeout(port, {"inputs": [1]}, timeout=10)
+    assert (status, body) == (503, {"error": "This server holds 2 connections, its most; try again later."})
+    held[0].close()
+    wait_until(lambda: len(server._connections) == 1)
+    assert call_with_timeout(port, {"inputs": [1]}, timeout=10) == (200, {"outputs": [1]})
+    held[1].close()
+
+
+def test_a_body_that_stops_arriving_gets_408_and_frees_the_connection(fake_server, monkeypatch):
+    from kerasformer import serve
+
+    monkeypatch.setattr(serve._Handler, "timeout", 0.5)
+    server, model, port = fake_server()
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        client.sendall(b"POST /v1/models/fake:predict HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"inputs\"")
+        client.settimeout(10)
+        answer = b""
+        while chunk := client.recv(4096):  # The server answers, then closes.
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert answer.endswith(b'{"error": "The request body did not arrive within 0.5 s."}')
+    wait_until(lambda: not server._connections)
