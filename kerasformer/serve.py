@@ -133,7 +133,7 @@ class ServedModel:
         if not isinstance(request, dict):
             raise RequestError("The request body must be a JSON object.")
         signature_name = request.get("signature_name", "serving_default")
-        if signature_name not in self.signatures:
+        if not isinstance(signature_name, str) or signature_name not in self.signatures:
             raise RequestError(f"Unknown signature_name {signature_name!r}; this model has {sorted(self.signatures)}.")
         function = self.signatures[signature_name]
         specs = function.structured_input_signature[1]
@@ -234,14 +234,16 @@ class ServedModel:
                 array = np.asarray(value, dtype=object)
                 if array.size and not all(isinstance(v, str) for v in array.ravel()):
                     raise ValueError
+                for text in array.ravel():
+                    text.encode("utf-8")  # JSON may hold a lone surrogate ("\ud800"), which is no character.
             else:
                 array = np.asarray(value)
-                if array.dtype == object or array.dtype.kind not in "iufb":
-                    raise ValueError
+                if array.dtype == object or array.dtype.kind not in ("iuf" if dtype != tf.bool else "iufb"):
+                    raise ValueError  # Strings, nested objects, and true/false for a number.
                 if dtype.is_integer and array.size and array.dtype.kind == "f" and not np.all(array == np.round(array)):
                     raise ValueError  # 1.5, NaN, infinity
         except (ValueError, TypeError):
-            kind = "strings" if dtype == tf.string else f"numbers of dtype {dtype.name} (rows of equal length)"
+            kind = "strings of Unicode characters" if dtype == tf.string else f"numbers of dtype {dtype.name} (rows of equal length)"
             raise RequestError(f"Input {name!r} must hold {kind}.") from None
         if dtype.is_integer and array.size:  # Past the dtype's range a cast would wrap: seed 2**32 + 7 would be seed 7.
             info = np.iinfo(dtype.as_numpy_dtype)
@@ -395,6 +397,8 @@ class _Handler(BaseHTTPRequestHandler):
                 request = json.loads(body)
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
                 raise RequestError(f"The body is not valid JSON: {error}.") from None
+            except RecursionError:  # Thousands of nested arrays: no input of a model is that deep.
+                raise RequestError("The body's JSON is nested too deeply.") from None
             with self.server.model_workers:  # At most `workers` requests run the model at once.
                 answer = self.server.model.predict(request)
             self._reply(200, answer)

@@ -168,6 +168,12 @@ def test_left_out_options_and_masks_take_their_defaults(server):
     ("empty sequence", dict(body={"inputs": {"token_ids": [[]], "padding_mask": [[]]}}), 400),
     ("too many new tokens", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "max_new_tokens": 10**6}}), 400),
     ("stop id out of range", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "stop_token_ids": [99999]}}), 400),
+    # Each of these four had been answered 500 or 200.
+    ("nested too deeply", dict(raw=b"[" * 100000 + b"]" * 100000), 400),
+    ("nested too deeply in an input", dict(raw=b'{"inputs": {"token_ids": ' + b"[" * 5000 + b"]" * 5000 + b"}}"), 400),
+    ("signature name not a string", dict(body={"signature_name": ["generate"], **GOOD}), 400),
+    ("true for a number", dict(body={"signature_name": "generate", "inputs": {"token_ids": [[1]], "max_new_tokens": True}}), 400),
+    ("a lone surrogate in a text", dict(raw=b'{"signature_name": "generate_text", "inputs": {"text": ["ab\\ud800"]}}'), 400),
     ("too large", dict(raw=b"{}", headers={"Content-Length": str(10**9)}), 413),
     # Read as -1, it would wait for the client to hang up, holding a worker.
     ("negative length", dict(raw=b"{}", headers={"Content-Length": "-1"}), 400),
@@ -180,6 +186,18 @@ def test_malformed_requests_get_4xx_and_serving_continues(server, name, request_
     assert "error" in body
     assert process.poll() is None
     assert good_request_succeeds(port)
+
+
+def test_odd_json_is_named(server):
+    port, _, _ = server
+    assert call(port, "POST", "/v1/models/tiny:predict", raw=b"[" * 100000 + b"]" * 100000) == (
+        400, {"error": "The body's JSON is nested too deeply."})
+    assert call(port, "POST", "/v1/models/tiny:predict", {"signature_name": ["generate"], **GOOD}) == (
+        400, {"error": "Unknown signature_name ['generate']; this model has ['generate', 'generate_text', 'serving_default']."})
+    assert call(port, "POST", "/v1/models/tiny:predict", {"inputs": {"token_ids": [[True, False]]}}) == (
+        400, {"error": "Input 'token_ids' must hold numbers of dtype int32 (rows of equal length)."})
+    assert call(port, "POST", "/v1/models/tiny:predict", raw=b'{"signature_name": "generate_text", "inputs": {"text": ["ab\\ud800"]}}') == (
+        400, {"error": "Input 'text' must hold strings of Unicode characters."})
 
 
 @pytest.mark.parametrize("name,request_body,message", [
