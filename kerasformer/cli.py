@@ -88,7 +88,7 @@ def _serve_parser(subparsers):
     parser.add_argument("--name", default=None, help="model name in URLs (default: the folder name)")
     parser.add_argument("--workers", type=int, default=4, help="requests that run the model at once (default: %(default)s)")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
-                        help="open client connections; more are answered 503 (default: %(default)s)")
+                        help="open client connections; more wait to be accepted until one closes (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help="the most tokens in a request, rows x (longest input + new tokens); more get 413 (default: %(default)s)")
     parser.add_argument("--max-answer-values", type=int, default=DEFAULT_MAX_ANSWER_VALUES,

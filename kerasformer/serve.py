@@ -423,8 +423,8 @@ class _Handler(BaseHTTPRequestHandler):
 class ModelHTTPServer(HTTPServer):
     """Serves each connection on a thread of its own; at most `workers` requests run the model at once.
 
-    A thread per connection (up to `max_connections`; more are answered 503)
-    keeps a client that holds its connection open between requests, as
+    A thread per connection (up to `max_connections`; more wait to be
+    accepted) keeps a client that holds its connection open between requests, as
     HTTP/1.1 clients do, from taking a model worker while it sends nothing.
     `server_close` waits for the requests in progress and closes the idle
     connections.
@@ -432,8 +432,10 @@ class ModelHTTPServer(HTTPServer):
 
     allow_reuse_address = True
     daemon_threads = True
+    request_queue_size = 128  # The listen backlog, where connections past `max_connections` wait.
 
     def __init__(self, address, model, workers=4, max_connections=DEFAULT_MAX_CONNECTIONS):
+        check_workers(workers)  # 0 would leave every request waiting for a worker.
         check_positive_int("max_connections", max_connections)
         self.model = model
         self.model_workers = threading.BoundedSemaphore(workers)
@@ -448,16 +450,21 @@ class ModelHTTPServer(HTTPServer):
 
     def process_request(self, request, client_address):
         with self._lock:
-            accepted = len(self._connections) < self.max_connections and not self.stopping.is_set()
+            # At the limit, stop accepting: the next connections wait in the
+            # listen backlog, as with nginx or gunicorn, until one closes.
+            # (A 503 answered at once raced the client sending its request:
+            # the client could see a broken pipe rather than the answer.)
+            while len(self._connections) >= self.max_connections and not self.stopping.is_set():
+                self._lock.wait(timeout=1.0)
+            accepted = not self.stopping.is_set()
             if accepted:
                 self._connections[request] = False
         if accepted:
             try:
                 return threading.Thread(target=self._handle, args=(request, client_address), daemon=True).start()
-            except RuntimeError:  # No thread to be had: refused like one past the limit.
+            except RuntimeError:  # No thread to be had: the client may try again.
                 with self._lock:
                     self._connections.pop(request, None)
-        _refuse(request, f"This server holds {self.max_connections} connections, its most; try again later.")
         self.shutdown_request(request)
 
     def _handle(self, request, client_address):
@@ -485,6 +492,12 @@ class ModelHTTPServer(HTTPServer):
                 self._connections[connection] = False
             self._lock.notify_all()
 
+    def shutdown(self):
+        self.stopping.set()  # Releases an accept waiting for a free connection.
+        with self._lock:
+            self._lock.notify_all()
+        super().shutdown()
+
     def server_close(self):
         """Stops accepting, waits for the requests in progress, and closes every connection."""
         self.stopping.set()
@@ -499,23 +512,15 @@ class ModelHTTPServer(HTTPServer):
                 self._lock.wait(timeout=1.0)
 
 
+def check_workers(workers):
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"`workers` must be a positive number of requests served at once, got {workers!r}.")
+
+
 def _close_reading(connection):
     try:
         connection.shutdown(socket.SHUT_RD)
     except OSError:  # Already closed by the client.
-        pass
-
-
-def _refuse(connection, message):
-    """Answers 503 on a connection that gets no thread, without waiting on the client."""
-    payload = json.dumps({"error": message}).encode()
-    try:
-        connection.settimeout(1.0)
-        connection.sendall(
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
-        )
-    except OSError:
         pass
 
 
@@ -529,8 +534,7 @@ def serve(path, host="127.0.0.1", port=8501, name=None, workers=4, ready=None,
     + new tokens), and `max_answer_values` the numbers of its answer; larger
     requests get 413.
     """
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"`workers` must be a positive number of requests served at once, got {workers!r}.")
+    check_workers(workers)
     check_positive_int("max_connections", max_connections)
     model = ServedModel(path, name, max_tokens, max_answer_values)
     server = ModelHTTPServer((host, port), model, workers, max_connections)
