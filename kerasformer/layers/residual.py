@@ -10,7 +10,11 @@ def make_norm(norm_type, epsilon, dtype, name):
     if norm_type == "layer_norm":
         return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
     if norm_type == "rms_norm":
-        return keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
+        norm = keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
+        # Per token, so the padding mask passes through as with LayerNorm. Keras's
+        # RMSNorm drops it: a pre-norm attention then attended to padding.
+        norm.supports_masking = True
+        return norm
     raise ValueError(f"Unknown `norm_type` {norm_type!r}; expected one of {NORM_TYPES}.")
 
 

@@ -1,8 +1,10 @@
+import warnings
+
 import keras
 import numpy as np
 import pytest
 
-from kerasformer.layers import FeedForward, Residual
+from kerasformer.layers import FeedForward, MultiHeadAttention, Residual
 from tests.conftest import random_inputs, save_and_reload, to_numpy
 
 
@@ -29,6 +31,23 @@ def test_residual_applies_the_norm_before_or_after(norm_first, norm_type, norm):
     f = lambda v: 2.0 * v + 1.0  # noqa: E731
     expected = x + f(norm(x)) if norm_first else norm(x + f(x))
     np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_type", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_padding_mask_reaches_attention_through_the_norm(norm_first, norm_type):
+    # Attention reads the padding mask of its input, which a pre-norm gives it.
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(20, 16, mask_zero=True)(tokens)
+    residual = Residual(MultiHeadAttention(num_heads=2), norm_first=norm_first, norm_type=norm_type)
+    model = keras.Model(tokens, residual(embedded))
+    ids = np.random.default_rng(0).integers(1, 20, (2, 6)).astype("int32")
+    ids[:, 4:] = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        padded = to_numpy(model(ids))
+    assert not [w for w in caught if "mask" in str(w.message)]  # Keras warns where a layer drops it.
+    np.testing.assert_allclose(padded[:, :4], to_numpy(model(ids[:, :4])), atol=1e-5)
 
 
 def test_residual_dropout_only_in_training():
