@@ -60,6 +60,24 @@ def check_sequence_shapes(**shapes):
             raise ValueError(f"`{name}` must have shape (batch, length, width), got shape {tuple(shape)}.")
 
 
+def check_float_inputs(**tensors):
+    """Raises a ValueError naming the first of `tensors` (name: tensor or None) that is not floating point.
+
+    Blocks and attention take embeddings; token ids given by mistake would
+    otherwise fail deep inside a backend op, or be silently cast on some.
+    """
+    for name, tensor in tensors.items():
+        dtype = getattr(tensor, "dtype", None)
+        if dtype is None:
+            continue
+        dtype = keras.backend.standardize_dtype(dtype)
+        if "float" not in dtype:
+            raise ValueError(
+                f"`{name}` must be floating-point vectors (batch, length, width), got dtype {dtype}. "
+                "Embed token ids first, e.g. with `keras.layers.Embedding`."
+            )
+
+
 def merge_attention_masks(
     query_length,
     key_length,
@@ -372,6 +390,41 @@ class MultiHeadAttention(keras.layers.Layer):
         self.probability_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
 
+    def check_cache(self, cache, query_length=None, cache_update_index=None, name="cache"):
+        """Raises a ValueError naming `name` unless `cache` fits this layer (and the queries written to it).
+
+        Expected: `(batch, 2, num_key_value_heads, length, head_dim)`, floating
+        point, and with a Python-int `cache_update_index`, room for
+        `query_length` new positions from it. Shapes unknown while tracing are
+        skipped.
+        """
+        shape = tuple(cache.shape)
+        expected = f"(batch, 2, {self.num_key_value_heads}, length, {self.head_dim})"
+        fits = len(shape) == 5 and all(
+            not isinstance(got, int) or got == want
+            for got, want in zip(shape[1:], (2, self.num_key_value_heads, None, self.head_dim))
+            if want is not None
+        )
+        if not fits:
+            raise ValueError(
+                f"`{name}` must have shape {expected} (keys and values, key/value heads, "
+                f"positions, head width), got shape {shape}."
+            )
+        check_float_inputs(**{name: cache})
+        length = shape[3]
+        if (
+            isinstance(cache_update_index, int)
+            and isinstance(query_length, int)
+            and isinstance(length, int)
+            and not 0 <= cache_update_index <= length - query_length
+        ):
+            if query_length > length:
+                raise ValueError(f"`{name}` holds {length} positions, fewer than the {query_length} new ones.")
+            raise ValueError(
+                f"`cache_update_index` ({cache_update_index}) with {query_length} new position(s) does not "
+                f"fit `{name}` of length {length}: it must be in [0, {length - query_length}]."
+            )
+
     def compute_cache(self, value, key=None):
         """Projects a memory once into a `(B, 2, K, S, D)` cross-attention cache."""
         key = value if key is None else key
@@ -395,6 +448,9 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
+        check_float_inputs(query=query, value=value, key=key)
+        if cache is not None:
+            self.check_cache(cache, query.shape[1], cache_update_index)
         self_attention = value is None
         precomputed = cache is not None and cache_update_index is None
         value = query if value is None else value

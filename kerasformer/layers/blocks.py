@@ -2,7 +2,12 @@
 
 import keras
 
-from kerasformer.layers.attention import MultiHeadAttention, check_sequence_shapes, get_keras_mask
+from kerasformer.layers.attention import (
+    MultiHeadAttention,
+    check_float_inputs,
+    check_sequence_shapes,
+    get_keras_mask,
+)
 from kerasformer.layers.feedforward import FeedForward, resolve_activation
 from kerasformer.layers.residual import Residual, make_norm
 
@@ -270,6 +275,13 @@ class DecoderBlock(_TransformerBlock):
         return_attention_scores=False,
         training=None,
     ):
+        check_float_inputs(inputs=inputs, encoder_outputs=encoder_outputs)
+        if self_attention_cache is not None:
+            self.self_attention.sublayer.check_cache(
+                self_attention_cache, inputs.shape[1], cache_update_index, name="self_attention_cache"
+            )
+        if cross_attention_cache is not None and self.cross_attention is not None:
+            self.cross_attention.sublayer.check_cache(cross_attention_cache, name="cross_attention_cache")
         if padding_mask is None:
             padding_mask = get_keras_mask(inputs)
         outputs = self.self_attention(

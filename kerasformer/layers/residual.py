@@ -2,6 +2,8 @@
 
 import keras
 
+from kerasformer.layers.attention import check_float_inputs
+
 NORM_TYPES = ("layer_norm", "rms_norm")
 
 
@@ -101,6 +103,7 @@ class Residual(keras.layers.Layer):
             "return_attention_scores": return_attention_scores,
         }
         forwarded = {k: v for k, v in forwarded.items() if v is not None and v is not False}
+        check_float_inputs(inputs=inputs)
         args = () if context is None else (context,)
         x = self.norm(inputs) if self.norm_first else inputs
         outputs = self.sublayer(x, *args, training=training, **forwarded)

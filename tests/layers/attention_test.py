@@ -240,6 +240,21 @@ def test_bad_arguments_name_the_argument():
         MultiHeadAttention(num_heads=2)(random_inputs(1, 4, 16), random_inputs(4, 16))
     with pytest.raises(ValueError, match=r"`head_dim`, here 3\) must be even"):
         MultiHeadAttention(num_heads=4, use_rotary=True).build((1, 4, 12))
+    # Token ids for embeddings, and caches of the wrong size, had failed inside a backend op
+    # (or, for ids on JAX and torch, been computed with).
+    with pytest.raises(ValueError, match=r"`query` must be floating-point .* got dtype int32"):
+        MultiHeadAttention(num_heads=2)(np.ones((1, 4, 16), "int32"))
+    layer = MultiHeadAttention(num_heads=4, num_key_value_heads=2)
+    x = random_inputs(1, 3, 16)
+    layer(x)
+    with pytest.raises(ValueError, match=r"`cache` must have shape \(batch, 2, 2, length, 4\) .* got shape \(1, 2, 4, 8, 4\)"):
+        layer(x, cache=np.zeros((1, 2, 4, 8, 4), "float32"), cache_update_index=0)
+    with pytest.raises(ValueError, match=r"`cache_update_index` \(6\) with 3 new position\(s\) does not fit `cache` of length 8"):
+        layer(x, cache=np.zeros((1, 2, 2, 8, 4), "float32"), cache_update_index=6)
+    with pytest.raises(ValueError, match=r"`cache` holds 2 positions, fewer than the 3 new ones"):
+        layer(x, cache=np.zeros((1, 2, 2, 2, 4), "float32"), cache_update_index=0)
+    with pytest.raises(ValueError, match=r"`cache` must be floating-point"):
+        layer(x, cache=np.zeros((1, 2, 2, 8, 4), "int32"), cache_update_index=0)
 
 
 def test_head_dim_need_not_divide_the_width():

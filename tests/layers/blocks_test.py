@@ -229,6 +229,26 @@ def test_bad_arguments_name_the_argument():
         EncoderBlock(num_heads=2)(random_inputs(3, 32))
     with pytest.raises(ValueError, match=r"`encoder_outputs` must have shape \(batch, length, width\)"):
         DecoderBlock(num_heads=2)(random_inputs(1, 3, 32), random_inputs(3, 32))
+    # Token ids for embeddings: TF failed in an add, JAX and torch computed with them.
+    with pytest.raises(ValueError, match=r"`inputs` must be floating-point .* got dtype int32"):
+        EncoderBlock(num_heads=2)(np.ones((1, 3, 32), "int32"))
+    with pytest.raises(ValueError, match=r"`inputs` must be floating-point"):
+        DecoderBlock(num_heads=2)(np.ones((1, 3, 32), "int32"))
+    with pytest.raises(ValueError, match=r"`encoder_outputs` must be floating-point"):
+        DecoderBlock(num_heads=2)(random_inputs(1, 3, 32), np.ones((1, 3, 32), "int32"))
+    # Caches are named by the block's own arguments.
+    block = DecoderBlock(num_heads=2)
+    block(random_inputs(1, 3, 32), random_inputs(1, 5, 32))
+    cross_cache = block.cross_attention.sublayer.compute_cache(random_inputs(1, 5, 32))
+    with pytest.raises(ValueError, match=r"`self_attention_cache` must have shape \(batch, 2, 2, length, 16\)"):
+        block(random_inputs(1, 1, 32), self_attention_cache=np.zeros((1, 2, 8, 16), "float32"),
+              cache_update_index=0, cross_attention_cache=cross_cache)
+    with pytest.raises(ValueError, match=r"does not fit `self_attention_cache` of length 4"):
+        block(random_inputs(1, 1, 32), self_attention_cache=np.zeros((1, 2, 2, 4, 16), "float32"),
+              cache_update_index=4, cross_attention_cache=cross_cache)
+    with pytest.raises(ValueError, match=r"`cross_attention_cache` must have shape \(batch, 2, 2, length, 16\)"):
+        block(random_inputs(1, 1, 32), self_attention_cache=np.zeros((1, 2, 2, 4, 16), "float32"),
+              cache_update_index=0, cross_attention_cache=np.zeros((1, 2, 5, 16), "float32"))
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["decoder_only", "encoder_decoder"])
