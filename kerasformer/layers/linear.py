@@ -84,12 +84,12 @@ def uses_onednn(x, kernel, bias=None):
         return False
     tensors = [x, kernel] + ([] if bias is None else [bias])
     return (
-        x.ndim == 2
+        not torch.jit.is_tracing()  # The tracer cannot record the op's `Scalar?[]` argument.
+        and x.ndim == 2
         and kernel.ndim == 2
         and (bias is None or bias.ndim == 1)
-        and x.shape[0] > 0
+        and x.shape[0] > 0  # First tested outside a trace, where it would warn of a constant.
         and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-        and not torch.jit.is_tracing()  # The tracer cannot record the op's `Scalar?[]` argument.
     )
 
 
