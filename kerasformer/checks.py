@@ -13,13 +13,18 @@ def check_positive_int(name, value, owner=""):
         raise ValueError(f"{owner}`{name}` must be a positive int, got {value!r}.")
 
 
-def check_int(name, value, low=0, high=None, none_ok=False):
-    """Raises a ValueError naming `name` unless `value` is an int in `[low, high)` (or None if `none_ok`)."""
+def check_int(name, value, low=0, high=None, none_ok=False, owner=""):
+    """Raises a ValueError naming `name` (of `owner`) unless `value` is an int in `[low, high)` (or None if `none_ok`)."""
     if value is None and none_ok:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (high is not None and value >= high):
         span = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"`{name}` must be an int {span}{' or None' if none_ok else ''}, got {value!r}.")
+        raise ValueError(f"{owner}`{name}` must be an int {span}{' or None' if none_ok else ''}, got {value!r}.")
+
+
+def check_rate(name, value):
+    """Raises a ValueError naming `name` unless `value` is a dropout rate in [0, 1)."""
+    check_number(name, value, low=0, high=1, high_open=True)
 
 
 def check_number(name, value, low=None, high=None, low_open=False, high_open=False, none_ok=False):

@@ -20,7 +20,7 @@ import math
 import keras
 from keras import ops
 
-from kerasformer.checks import check_positive_int
+from kerasformer.checks import check_number, check_positive_int, check_rate
 from kerasformer.layers.linear import linear
 from kerasformer.layers.positions import RotaryEmbedding
 
@@ -325,8 +325,13 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"`num_key_value_heads` ({num_key_value_heads}) must divide "
                 f"`num_heads` ({num_heads})."
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got {dropout}.")
+        if head_dim is not None:
+            check_positive_int("head_dim", head_dim)
+        if output_dim is not None:
+            check_positive_int("output_dim", output_dim)
+        check_rate("dropout", dropout)
+        check_number("scale", scale, low=0, low_open=True, none_ok=True)
+        check_number("rotary_max_wavelength", rotary_max_wavelength, low=0, low_open=True)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_key_value_heads = num_key_value_heads

@@ -2,6 +2,7 @@
 
 import keras
 
+from kerasformer.checks import check_positive_int, check_rate
 from kerasformer.layers.attention import (
     MultiHeadAttention,
     check_float_inputs,
@@ -36,7 +37,11 @@ class _TransformerBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        resolve_activation(activation)  # Fail here, not at build time.
+        # Fail here, naming the block's own arguments, not at build time.
+        check_positive_int("num_heads", num_heads)
+        check_rate("dropout", dropout)
+        check_rate("attention_dropout", attention_dropout)
+        resolve_activation(activation)
         make_norm(norm_type, norm_epsilon, None, None)
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from kerasformer.checks import check_rate
 from kerasformer.layers.linear import dense_linear
 
 # Activations by name; the tanh approximation of GELU is the one GPT-2 and
@@ -72,6 +73,7 @@ class FeedForward(keras.layers.Layer):
         super().__init__(**kwargs)
         if intermediate_dim is not None and (not isinstance(intermediate_dim, int) or intermediate_dim < 1):
             raise ValueError(f"`intermediate_dim` must be a positive int or None (4x the width), got {intermediate_dim!r}.")
+        check_rate("dropout", dropout)
         self.activation_name, self.gated = resolve_activation(activation, gated)
         self.activation = activation
         self.intermediate_dim = intermediate_dim

@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from kerasformer.checks import check_positive_int
+from kerasformer.checks import check_int, check_number, check_positive_int
 from kerasformer.tf_xla import compiling_with_xla
 
 
@@ -21,6 +21,14 @@ def _checked_in_tf_graph(positions, sequence_length):
     check = tf.debugging.assert_less(tf.reduce_max(positions), sequence_length, message=message)
     with tf.control_dependencies([check]):
         return tf.identity(positions)
+
+
+def _check_inputs(layer, inputs, rank, expected, start_index=0):
+    """Names `inputs` of the wrong rank and a negative Python-int `start_index` (else broadcasting or gathers fail)."""
+    if len(inputs.shape) != rank:
+        raise ValueError(f"{layer}'s `inputs` must have shape {expected}, got shape {tuple(inputs.shape)}.")
+    if isinstance(start_index, int) and start_index < 0:
+        raise ValueError(f"{layer}'s `start_index` must be >= 0, got {start_index}.")
 
 
 def _static_length(tensor, axis=1):
@@ -56,11 +64,13 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
+        check_number("max_wavelength", max_wavelength, low=0, low_open=True)
         self.max_wavelength = max_wavelength
         self.supports_masking = True
         self.built = True
 
     def call(self, inputs, start_index=0):
+        _check_inputs("SinusoidalPositionEncoding", inputs, 3, "(batch, length, width)", start_index)
         shape = ops.shape(inputs)
         length, width = shape[1], shape[-1]
         positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
@@ -121,6 +131,7 @@ class PositionEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
+        _check_inputs("PositionEmbedding", inputs, 3, "(batch, length, width)", start_index)
         shape = ops.shape(inputs)
         length = _static_length(inputs)
         start = start_index if isinstance(start_index, int) else None  # A traced index cannot be checked.
@@ -174,11 +185,14 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
         super().__init__(**kwargs)
+        check_number("max_wavelength", max_wavelength, low=0, low_open=True)
+        check_number("scaling_factor", scaling_factor, low=0, low_open=True)
         self.max_wavelength = max_wavelength
         self.scaling_factor = scaling_factor
         self.built = True
 
     def call(self, inputs, start_index=0):
+        _check_inputs("RotaryEmbedding", inputs, 4, "(batch, length, heads, head_dim)", start_index)
         shape = ops.shape(inputs)
         length, dim = shape[1], inputs.shape[-1]
         if dim % 2:
@@ -205,6 +219,15 @@ class RotaryEmbedding(keras.layers.Layer):
             "max_wavelength": self.max_wavelength,
             "scaling_factor": self.scaling_factor,
         }
+
+
+def check_buckets(num_buckets, max_distance, bidirectional, names=("num_buckets", "max_distance"), owner=""):
+    """Raises a ValueError naming `names` (of `owner`) unless T5's bucketing works with them (else a division by zero)."""
+    # Bidirectional buckets are halved by direction, then half of those are exact: each part needs one.
+    check_int(names[0], num_buckets, low=4 if bidirectional else 2, owner=owner)
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    # The log-spaced buckets cover distances from max_exact to max_distance.
+    check_int(names[1], max_distance, low=max_exact + 1, owner=owner)
 
 
 @keras.saving.register_keras_serializable(package="kerasformer")
@@ -249,6 +272,8 @@ class RelativePositionBias(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_buckets(num_buckets, max_distance, bidirectional)
         self.num_heads = num_heads
         self.num_buckets = num_buckets
         self.max_distance = max_distance

@@ -2,6 +2,7 @@
 
 import keras
 
+from kerasformer.checks import check_number, check_rate
 from kerasformer.layers.attention import check_float_inputs
 
 NORM_TYPES = ("layer_norm", "rms_norm")
@@ -9,6 +10,7 @@ NORM_TYPES = ("layer_norm", "rms_norm")
 
 def make_norm(norm_type, epsilon, dtype, name):
     """LayerNorm or RMSNorm; both compute in float32 under mixed precision."""
+    check_number("norm_epsilon", epsilon, low=0)
     if norm_type == "layer_norm":
         return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
     if norm_type == "rms_norm":
@@ -63,6 +65,7 @@ class Residual(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        check_rate("dropout", dropout)
         self.sublayer = sublayer
         self.norm_first = norm_first
         self.norm_type = norm_type

@@ -13,6 +13,7 @@ import keras
 
 from kerasformer.layers import DecoderBlock, EncoderBlock, RelativePositionBias
 from kerasformer.layers.embedding import TokenEmbedding
+from kerasformer.layers.positions import check_buckets
 from kerasformer.layers.residual import make_norm
 from kerasformer.models.base import constructor_arguments
 from kerasformer.models.seq2seq import EncoderDecoderModel
@@ -70,6 +71,13 @@ class T5(EncoderDecoderModel):
         **kwargs,
     ):
         config = constructor_arguments(locals(), T5)
+        check_buckets(  # The encoder's are bidirectional, the stricter case.
+            relative_attention_num_buckets,
+            relative_attention_max_distance,
+            bidirectional=True,
+            names=("relative_attention_num_buckets", "relative_attention_max_distance"),
+            owner="T5's ",
+        )
         intermediate_dim = intermediate_dim or 4 * hidden_dim
         block_options = dict(
             num_heads=num_heads,

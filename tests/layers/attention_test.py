@@ -233,6 +233,10 @@ def test_bad_arguments_name_the_argument():
         layer(random_inputs(1, 4, 16), attention_mask=np.ones((1, 4, 5), bool))
     with pytest.raises(ValueError, match="dropout"):
         MultiHeadAttention(num_heads=2, dropout=1.5)
+    with pytest.raises(ValueError, match=r"`head_dim` must be a positive int, got 0"):
+        MultiHeadAttention(num_heads=2, head_dim=0)  # Had failed in a division by zero.
+    with pytest.raises(ValueError, match=r"`scale` must be a finite number > 0 or None, got 0"):
+        MultiHeadAttention(num_heads=2, scale=0)
     # Shapes that failed deep inside Keras (an IndexError; an odd rotary head width at its first call).
     with pytest.raises(ValueError, match=r"`query` must have shape \(batch, length, width\), got shape \(4, 16\)"):
         MultiHeadAttention(num_heads=2)(random_inputs(4, 16))

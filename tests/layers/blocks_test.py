@@ -215,6 +215,11 @@ def test_tiny_model_trains_with_fit():
 def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="activation"):
         EncoderBlock(num_heads=2, activation="sigmoidal")
+    # The block's own names, not those of its sublayers (`dropout` of the attention, Keras's `rate`).
+    with pytest.raises(ValueError, match=r"`attention_dropout` must be a finite number >= 0 and < 1, got 1.0"):
+        EncoderBlock(num_heads=2, attention_dropout=1.0)
+    with pytest.raises(ValueError, match=r"`dropout` must be a finite number >= 0 and < 1, got -1.0"):
+        DecoderBlock(num_heads=2, dropout=-1.0)
     with pytest.raises(ValueError, match="norm_type"):
         DecoderBlock(num_heads=2, norm_type="group_norm")
     with pytest.raises(ValueError, match="num_heads"):

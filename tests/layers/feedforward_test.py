@@ -52,6 +52,8 @@ def test_unknown_activation_names_the_argument():
         FeedForward(activation="tanhh")
     with pytest.raises(ValueError, match="`intermediate_dim` must be a positive int or None"):
         FeedForward(intermediate_dim=0)
+    with pytest.raises(ValueError, match=r"`dropout` must be a finite number >= 0 and < 1, got 2.0"):
+        FeedForward(dropout=2.0)  # Keras's Dropout had named its own `rate`, at build time.
 
 
 def test_config_and_keras_file_round_trip(tmp_path):

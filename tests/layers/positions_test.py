@@ -126,6 +126,30 @@ def test_relative_bias_looks_up_the_table_per_head():
     np.testing.assert_allclose(bias[0], table[buckets].transpose(2, 0, 1))
 
 
+@pytest.mark.parametrize("make, message", [
+    # Each had failed far from the argument (a broadcast, a division by zero) or computed nonsense.
+    (lambda: RotaryEmbedding()(random_inputs(2, 6, 8)),
+     r"RotaryEmbedding's `inputs` must have shape \(batch, length, heads, head_dim\), got shape \(2, 6, 8\)"),
+    (lambda: RotaryEmbedding(max_wavelength=-1), r"`max_wavelength` must be a finite number > 0, got -1"),
+    (lambda: RotaryEmbedding(scaling_factor=0), r"`scaling_factor` must be a finite number > 0, got 0"),
+    (lambda: SinusoidalPositionEncoding()(random_inputs(3, 5)),
+     r"SinusoidalPositionEncoding's `inputs` must have shape \(batch, length, width\), got shape \(3, 5\)"),
+    (lambda: PositionEmbedding(8)(random_inputs(3, 5)), r"PositionEmbedding's `inputs` must have shape \(batch, length, width\)"),
+    (lambda: PositionEmbedding(8)(random_inputs(2, 6, 8), start_index=-2), r"`start_index` must be >= 0, got -2"),
+    (lambda: RelativePositionBias(num_heads=0), r"`num_heads` must be a positive int, got 0"),
+    (lambda: RelativePositionBias(num_heads=2, num_buckets=2), r"`num_buckets` must be an int >= 4, got 2"),
+    (lambda: RelativePositionBias(num_heads=2, num_buckets=32, max_distance=8), r"`max_distance` must be an int >= 9, got 8"),
+])
+def test_bad_arguments_name_the_argument(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_causal_relative_bias_takes_as_few_as_two_buckets():
+    bias = RelativePositionBias(num_heads=1, num_buckets=2, max_distance=2, bidirectional=False)
+    assert tuple(bias(random_inputs(1, 4, 8)).shape) == (1, 1, 4, 4)
+
+
 @pytest.mark.parametrize(
     "layer",
     [

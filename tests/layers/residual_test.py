@@ -62,6 +62,10 @@ def test_residual_dropout_only_in_training():
 def test_unknown_norm_type_names_the_argument():
     with pytest.raises(ValueError, match="norm_type"):
         Residual(Double(), norm_type="batch_norm")
+    with pytest.raises(ValueError, match=r"`dropout` must be a finite number >= 0 and < 1, got 1.5"):
+        Residual(Double(), dropout=1.5)
+    with pytest.raises(ValueError, match=r"`norm_epsilon` must be a finite number >= 0, got -1"):
+        Residual(Double(), norm_epsilon=-1)  # Had given NaN for some inputs.
 
 
 @pytest.mark.parametrize("norm_type,norm", [("layer_norm", numpy_layer_norm), ("rms_norm", numpy_rms_norm)])

@@ -419,6 +419,16 @@ def test_sizes_must_be_positive_ints(builder, arguments, name, value):
         builder(**{**base, name: value})
 
 
+@pytest.mark.parametrize("name, value, message", [
+    # Positive, but too few for T5's bucketing: it had failed in a division by zero.
+    ("relative_attention_num_buckets", 2, "T5's `relative_attention_num_buckets` must be an int >= 4, got 2"),
+    ("relative_attention_max_distance", 8, "T5's `relative_attention_max_distance` must be an int >= 9, got 8"),
+])
+def test_t5_relative_buckets_must_fit_its_bucketing(name, value, message):
+    with pytest.raises(ValueError, match=message):
+        T5(VOCAB, num_layers=1, num_heads=2, hidden_dim=32, **{name: value})
+
+
 @pytest.mark.parametrize("builder", [GPT, BERT, T5, Transformer])
 def test_feed_forward_width_defaults_to_four_times_the_model_width(builder):
     """As in GPT-2, BERT, t5-small/base and both of the paper's Transformers; also at other widths."""
