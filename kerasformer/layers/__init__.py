@@ -2,6 +2,7 @@
 
 from kerasformer.layers.attention import MultiHeadAttention, merge_attention_masks
 from kerasformer.layers.blocks import DecoderBlock, EncoderBlock
+from kerasformer.layers.embedding import TokenEmbedding
 from kerasformer.layers.feedforward import FeedForward
 from kerasformer.layers.positions import (
     PositionEmbedding,
@@ -21,5 +22,6 @@ __all__ = [
     "Residual",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
+    "TokenEmbedding",
     "merge_attention_masks",
 ]

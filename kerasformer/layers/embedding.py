@@ -5,6 +5,7 @@ import functools
 import keras
 from keras import ops
 
+from kerasformer.checks import check_number, check_positive_int
 from kerasformer.layers.linear import linear
 from kerasformer.tf_xla import compiling_with_xla, optimization_barrier
 
@@ -166,6 +167,9 @@ class TokenEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("hidden_dim", hidden_dim)
+        check_number("scale", scale, none_ok=True)
         self.vocab_size = vocab_size
         self.hidden_dim = hidden_dim
         self.scale = scale

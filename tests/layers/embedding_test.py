@@ -47,3 +47,13 @@ def test_round_trips_through_config():
     clone = TokenEmbedding.from_config(layer.get_config())
     assert (clone.vocab_size, clone.hidden_dim, clone.scale, clone.name) == (11, 6, 3.0, "tokens")
     assert isinstance(clone.embeddings_initializer, keras.initializers.Zeros)
+
+
+def test_is_public_and_names_bad_sizes():
+    from kerasformer.layers import TokenEmbedding as Public
+
+    assert Public is TokenEmbedding  # Building a tied-head GPT from the layers needs it.
+    with pytest.raises(ValueError, match=r"`vocab_size` must be a positive int, got 0"):
+        TokenEmbedding(0, 16)  # Had built an empty table.
+    with pytest.raises(ValueError, match=r"`hidden_dim` must be a positive int, got '16'"):
+        TokenEmbedding(100, "16")
