@@ -405,10 +405,9 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         shape = tuple(cache.shape)
         expected = f"(batch, 2, {self.num_key_value_heads}, length, {self.head_dim})"
+        wanted = (2, self.num_key_value_heads, None, self.head_dim)  # The length may be any.
         fits = len(shape) == 5 and all(
-            not isinstance(got, int) or got == want
-            for got, want in zip(shape[1:], (2, self.num_key_value_heads, None, self.head_dim))
-            if want is not None
+            want is None or not isinstance(got, int) or got == want for got, want in zip(shape[1:], wanted)
         )
         if not fits:
             raise ValueError(

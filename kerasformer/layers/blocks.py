@@ -280,7 +280,7 @@ class DecoderBlock(_TransformerBlock):
         return_attention_scores=False,
         training=None,
     ):
-        check_float_inputs(inputs=inputs, encoder_outputs=encoder_outputs)
+        check_float_inputs(encoder_outputs=encoder_outputs)  # `inputs` is checked by the Residual.
         if self_attention_cache is not None:
             self.self_attention.sublayer.check_cache(
                 self_attention_cache, inputs.shape[1], cache_update_index, name="self_attention_cache"
