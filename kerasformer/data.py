@@ -12,7 +12,7 @@ import re
 import keras
 import numpy as np
 
-from kerasformer.checks import check_positive_int
+from kerasformer.checks import check_int, check_positive_int
 
 PAD, UNK, CLS, SEP, MASK, START, END = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, START, END]  # Ids 0..6 in every word vocabulary.
@@ -41,6 +41,11 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
 
     if isinstance(texts, (str, bytes)):  # Would be read a character at a time.
         raise ValueError(f"`texts` must be a list of strings, got a single {type(texts).__name__}; pass [text].")
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"Unknown tokenizer `kind` {kind!r}; expected one of {TOKENIZER_KINDS}.")
+    texts = list(texts)
+    if kind != "byte" and not any(texts):  # The byte vocabulary is fixed.
+        raise ValueError(f"`texts` hold no text to train a {kind} vocabulary on: {len(texts)} empty string(s).")
     if kind == "char":
         largest = max(max(map(ord, text), default=0) for text in texts)
         return keras_hub.tokenizers.UnicodeCodepointTokenizer(
@@ -57,7 +62,6 @@ def train_tokenizer(kind, texts, vocabulary_size=None):
         return keras_hub.tokenizers.SentencePieceTokenizer(
             proto=_sentence_piece_proto(kind, texts, vocabulary_size or 8000), dtype="int32"
         )
-    raise ValueError(f"Unknown tokenizer `kind` {kind!r}; expected one of {TOKENIZER_KINDS}.")
 
 
 # SentencePiece trained to give back the exact text, as LLaMA's tokenizer does.
@@ -193,7 +197,7 @@ def encode(tokenizer, texts, what="text"):
 
 def decode(tokenizer, ids, until_padding=True):
     """Text of token ids, cut at the first padding id (unless `until_padding=False`)."""
-    ids = [int(i) for i in ids]
+    ids = [int(i) for i in token_id_array("ids", ids)]
     if until_padding and 0 in ids:
         ids = ids[: ids.index(0)]
     text = tokenizer.detokenize(np.asarray(ids, "int32"))
@@ -280,8 +284,7 @@ _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 
 def number_to_words(n):
     """English words of 0 <= n < 1,000,000: 342 -> "three hundred forty two"."""
-    if not 0 <= n < 1_000_000:
-        raise ValueError(f"`n` must be in [0, 1000000), got {n}.")
+    check_int("n", n, 0, 1_000_000)
     if n < 20:
         return _ONES[n]
     if n < 100:
@@ -298,6 +301,8 @@ NUMBER_WORDS = list("0123456789") + _ONES + [t for t in _TENS if t != "_"] + ["h
 
 def numbers_to_words_dataset(count, max_number=9999, seed=0):
     """`(sources, targets)`: digit strings ("3 4 2", space-separated) and their words."""
+    check_int("count", count)
+    check_int("max_number", max_number, 0, 1_000_000)
     rng = np.random.default_rng(seed)
     numbers = rng.integers(0, max_number + 1, count)
     return [" ".join(str(n)) for n in numbers], [number_to_words(int(n)) for n in numbers]
@@ -337,6 +342,31 @@ def generated_language(count, seed=0):
 # Batching -------------------------------------------------------------------
 
 
+def token_id_array(name, ids, ndim=1):
+    """`ids` as an int32 numpy array, or a ValueError naming `name`.
+
+    Token ids are integers >= 0 in an array of `ndim` dimensions (None: any
+    but 0). Floats would be cut to other ids and text is not yet tokenized,
+    so both are refused, as are rows of different lengths.
+    """
+    try:
+        array = keras.ops.convert_to_numpy(ids) if keras.ops.is_tensor(ids) else np.asarray(ids)  # A tensor may be on a GPU.
+    except ValueError:  # numpy refuses ragged rows.
+        raise ValueError(f"`{name}` must be an array of token ids; its rows differ in length.") from None
+    if array.size == 0 and array.dtype.kind == "f":  # `[]` reads as float64.
+        array = array.astype("int32")
+    if array.dtype.kind in "USO":
+        raise ValueError(f"`{name}` must be token ids, got text or objects ({array.dtype}); encode text first, e.g. with `data.encode`.")
+    if array.dtype.kind not in "iu":
+        raise ValueError(f"`{name}` must be integer token ids, got dtype {array.dtype}.")
+    if array.ndim != ndim if ndim is not None else array.ndim == 0:
+        expected = "one sequence (1-D)" if ndim == 1 else f"a {ndim}-D array" if ndim else "an array"
+        raise ValueError(f"`{name}` must be {expected} of token ids, got shape {array.shape}.")
+    if array.size and array.min() < 0:
+        raise ValueError(f"`{name}` must be token ids >= 0, got {array.min()}.")
+    return array.astype("int32")
+
+
 def pack(documents, length, separator_id=None):
     """Packs token id documents into `(N, length)` rows with no padding.
 
@@ -344,9 +374,10 @@ def pack(documents, length, separator_id=None):
     and cut into rows; the remainder shorter than a row is dropped.
     """
     check_positive_int("length", length)
+    check_int("separator_id", separator_id, none_ok=True)
     pieces = []
-    for document in documents:
-        pieces.append(np.asarray(document, "int32"))
+    for i, document in enumerate(documents):
+        pieces.append(token_id_array(f"documents[{i}]", document))
         if separator_id is not None:
             pieces.append(np.array([separator_id], "int32"))
     stream = np.concatenate(pieces) if pieces else np.zeros((0,), "int32")
@@ -355,11 +386,28 @@ def pack(documents, length, separator_id=None):
 
 
 def pad_batch(sequences, length=None, pad_id=0):
-    """Right-pads token id sequences into an `(N, length)` int32 array."""
+    """Right-pads token id sequences into an `(N, length)` int32 array.
+
+    Args:
+        sequences: token id sequences of any lengths.
+        length: the rows' length; longer sequences are cut to it. None: the
+            longest sequence's length.
+        pad_id: the id after each sequence (0, which the models mask).
+    """
+    return _pad_rows("sequences", sequences, length, pad_id)
+
+
+def _pad_rows(name, sequences, length=None, pad_id=0, length_name="length"):
+    """`pad_batch`, naming the sequences `name` and their length `length_name` in its errors."""
+    check_int(length_name, length, low=1, none_ok=True)
+    check_int("pad_id", pad_id)
+    sequences = [token_id_array(f"{name}[{i}]", sequence) for i, sequence in enumerate(sequences)]
+    if not sequences and length is None:
+        raise ValueError(f"`{name}` is empty: there is no sequence to pad (give one at least, or a `length`).")
     length = length or max(len(s) for s in sequences)
     batch = np.full((len(sequences), length), pad_id, "int32")
     for row, sequence in enumerate(sequences):
-        sequence = np.asarray(sequence)[:length]
+        sequence = sequence[:length]
         batch[row, : len(sequence)] = sequence
     return batch
 
@@ -368,33 +416,62 @@ def mask_tokens(token_ids, mask_token_id, vocab_size, rate=0.15, special_ids=(0,
     """BERT's masking: `rate` of the real tokens are chosen; of those 80% become
     `[MASK]`, 10% a random token and 10% stay.
 
+    Args:
+        token_ids: an integer array of token ids, below `vocab_size`.
+        mask_token_id: the id of `[MASK]`.
+        vocab_size: the model's vocabulary size.
+        rate: the fraction of real tokens chosen.
+        special_ids: ids that are never chosen (padding, `[CLS]`, `[SEP]`)
+            and, with `mask_token_id`, never drawn as a random token.
+        seed: seed of the draws.
+
     Returns:
         `(inputs, labels, weights)`: masked ids, the original ids, and 1.0 at
         the chosen positions (use as `sample_weight`).
     """
     if not 0 < rate <= 1:
         raise ValueError(f"`rate` must be in (0, 1], got {rate!r}.")
+    check_positive_int("vocab_size", vocab_size)
+    check_int("mask_token_id", mask_token_id, 0, vocab_size)
+    token_ids = token_id_array("token_ids", token_ids, ndim=None)
+    if token_ids.size and token_ids.max() >= vocab_size:
+        raise ValueError(f"`token_ids` must be below `vocab_size` ({vocab_size}), got {token_ids.max()}.")
+    special_ids = list(special_ids)
+    for i, special in enumerate(special_ids):
+        check_int(f"special_ids[{i}]", special, 0, vocab_size)
+    # Random tokens are words of the vocabulary, as a real sentence could hold.
+    ordinary = np.setdiff1d(np.arange(vocab_size), special_ids + [mask_token_id]).astype("int32")
+    if not len(ordinary):
+        raise ValueError(f"`special_ids` and `mask_token_id` leave no token of `vocab_size` {vocab_size} to draw random tokens from.")
     rng = np.random.default_rng(seed)
-    token_ids = np.asarray(token_ids)
-    candidates = ~np.isin(token_ids, np.asarray(special_ids))
+    candidates = ~np.isin(token_ids, np.asarray(special_ids, "int32"))
     chosen = candidates & (rng.random(token_ids.shape) < rate)
     action = rng.random(token_ids.shape)
     inputs = token_ids.copy()
     inputs[chosen & (action < 0.8)] = mask_token_id
     random_positions = chosen & (action >= 0.8) & (action < 0.9)
-    inputs[random_positions] = rng.integers(len(special_ids), vocab_size, random_positions.sum())
-    return inputs.astype("int32"), token_ids.astype("int32"), chosen.astype("float32")
+    inputs[random_positions] = ordinary[rng.integers(0, len(ordinary), random_positions.sum())]
+    return inputs, token_ids, chosen.astype("float32")
 
 
 def seq2seq_arrays(sources, targets, start_id, end_id, source_length=None, target_length=None):
     """Teacher forcing: `({"encoder_token_ids", "decoder_token_ids"}, labels, weights)`.
 
     The decoder reads `[start] + target` and predicts `target + [end]`;
-    weights are 1 on real label positions.
+    weights are 1 on real label positions. A target longer than
+    `target_length` is cut to leave room for `[end]` (as KerasHub's
+    `StartEndPacker`), so that the model still learns where to stop; a
+    source is cut to `source_length`.
     """
-    encoder = pad_batch(sources, source_length)
-    labels = pad_batch([np.append(t, end_id) for t in targets], target_length)
-    decoder = pad_batch([np.insert(np.asarray(t), 0, start_id) for t in targets], labels.shape[1])
+    if len(sources) != len(targets):
+        raise ValueError(f"`sources` and `targets` must pair up one to one, got {len(sources)} sources and {len(targets)} targets.")
+    check_int("start_id", start_id)
+    check_int("end_id", end_id)
+    check_int("target_length", target_length, low=1, none_ok=True)
+    targets = [token_id_array(f"targets[{i}]", t)[: None if target_length is None else target_length - 1] for i, t in enumerate(targets)]
+    encoder = _pad_rows("sources", sources, source_length, length_name="source_length")
+    labels = _pad_rows("targets", [np.append(t, end_id) for t in targets], target_length, length_name="target_length")
+    decoder = _pad_rows("targets", [np.insert(t, 0, start_id) for t in targets], labels.shape[1])
     weights = (labels != 0).astype("float32")
     return {"encoder_token_ids": encoder, "decoder_token_ids": decoder}, labels, weights
 
@@ -439,11 +516,14 @@ class LanguageModelBatches(_Batches):
 
     def __init__(self, stream, sequence_length, batch_size, steps, seed=0, redraw=True, **kwargs):
         super().__init__(**kwargs)
-        self.stream = np.asarray(stream, "int32")
-        if len(self.stream) <= sequence_length + 1:
+        check_positive_int("sequence_length", sequence_length)
+        check_positive_int("batch_size", batch_size)
+        check_positive_int("steps", steps)
+        self.stream = token_id_array("stream", stream)
+        if len(self.stream) < sequence_length + 1:
             raise ValueError(
-                f"The token stream ({len(self.stream)} tokens) is shorter than "
-                f"`sequence_length` + 1 ({sequence_length + 1})."
+                f"The token `stream` ({len(self.stream)} tokens) is shorter than one window of "
+                f"`sequence_length` + 1 ({sequence_length + 1}) tokens."
             )
         self.sequence_length = sequence_length
         self.batch_size = batch_size
@@ -461,7 +541,8 @@ class LanguageModelBatches(_Batches):
 
     def __getitem__(self, index):
         rng = np.random.default_rng((self.seed, self.epoch, index))
-        offsets = rng.integers(0, len(self.stream) - self.sequence_length - 1, self.batch_size)
+        # Any window of T + 1 tokens, the last one too: offsets 0 .. len - T - 1.
+        offsets = rng.integers(0, len(self.stream) - self.sequence_length, self.batch_size)
         window = offsets[:, None] + np.arange(self.sequence_length + 1)[None, :]
         tokens = self.stream[window]  # (B, T + 1)
         return tokens[:, :-1], tokens[:, 1:]
@@ -482,18 +563,32 @@ class ArrayBatches(_Batches):
         seed: seed of the shuffles and of `transform`.
         shuffle: False reads the rows in order, in the same batches every
             epoch: a validation set then gives the same score to the same
-            weights (the loss is averaged per batch).
+            weights. Without `steps`, an epoch is then every row once, the
+            last batch smaller if need be (as `model.evaluate(x, y)` reads
+            them).
         **kwargs: `keras.utils.PyDataset` arguments; `workers` defaults to
             `default_workers()`.
     """
 
     def __init__(self, inputs, labels, weights=None, batch_size=32, steps=None, transform=None, seed=0, shuffle=True, **kwargs):
         super().__init__(**kwargs)
+        check_positive_int("batch_size", batch_size)
+        check_int("steps", steps, low=1, none_ok=True)
+        inputs = {k: np.asarray(v) for k, v in inputs.items()} if isinstance(inputs, dict) else np.asarray(inputs)
+        labels, weights = np.asarray(labels), None if weights is None else np.asarray(weights)
+        counts = {"labels": len(labels), "weights": None if weights is None else len(weights)}
+        counts.update({f"inputs[{k!r}]": len(v) for k, v in inputs.items()} if isinstance(inputs, dict) else {"inputs": len(inputs)})
+        counts = {name: count for name, count in counts.items() if count is not None}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"`inputs`, `labels` and `weights` must hold the same number of examples, got {counts}.")
+        if not len(labels):
+            raise ValueError("`labels` hold no examples: there is nothing to batch.")
         self.inputs, self.labels, self.weights = inputs, labels, weights
         self.count = len(labels)
         self.batch_size = min(batch_size, self.count)
         self.batches_per_pass = self.count // self.batch_size
-        self.steps = steps or self.batches_per_pass
+        self.every_row_in_order = not shuffle and steps is None
+        self.steps = steps or (math.ceil(self.count / self.batch_size) if self.every_row_in_order else self.batches_per_pass)
         self.transform, self.seed, self.shuffle, self.epoch = transform, seed, shuffle, 0
 
     def __len__(self):
@@ -506,6 +601,8 @@ class ArrayBatches(_Batches):
         position = self.epoch * self.steps + index
         start = (position % self.batches_per_pass) * self.batch_size
         rows = np.arange(start, start + self.batch_size)
+        if self.every_row_in_order:
+            rows = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.count))
         if self.shuffle:
             rows = np.random.default_rng((self.seed, position // self.batches_per_pass)).permutation(self.count)[rows]
         take = lambda a: None if a is None else a[rows]  # noqa: E731

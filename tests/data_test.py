@@ -218,12 +218,98 @@ def test_array_batches_cycle_through_every_example():
     assert not np.array_equal(np.concatenate([batches[i][1] for i in range(2)]), seen)
 
 
-def test_array_batches_without_shuffle_read_the_same_batches_in_order_every_epoch():
+def test_array_batches_without_shuffle_read_every_row_once_in_order_every_epoch():
+    # As `model.evaluate(x, y)` reads them: a validation set is scored whole,
+    # the last batch smaller (the last row had been left out).
     batches = data.ArrayBatches(np.arange(11)[:, None], np.arange(11), batch_size=5, shuffle=False)
     for _ in range(2):
-        assert len(batches) == 2
-        np.testing.assert_array_equal(np.concatenate([batches[i][1] for i in range(2)]), np.arange(10))
+        assert len(batches) == 3
+        np.testing.assert_array_equal(np.concatenate([batches[i][1] for i in range(3)]), np.arange(11))
         batches.on_epoch_end()
+    cycled = data.ArrayBatches(np.arange(11)[:, None], np.arange(11), batch_size=5, steps=4, shuffle=False)
+    np.testing.assert_array_equal(np.concatenate([cycled[i][1] for i in range(4)]), [*range(10), *range(10)])
+    # Lists are examples too, as `fit` takes them.
+    x, y = data.ArrayBatches([[1, 2], [3, 4]], [5, 6], batch_size=2, shuffle=False)[0]
+    np.testing.assert_array_equal(x, [[1, 2], [3, 4]])
+
+
+def test_seq2seq_arrays_cut_targets_as_keras_hub_start_end_packer_keeping_the_end():
+    import keras_hub
+
+    # A cut target still ends in [end], so that the model learns where to stop
+    # (the end had been cut off with the target's tail).
+    sources, targets = [[10, 11, 12, 13], [14]], [[20, 21, 22, 23, 24], [25]]
+    inputs, labels, weights = data.seq2seq_arrays(sources, targets, start_id=5, end_id=6, source_length=3, target_length=4)
+    end_packer = keras_hub.layers.StartEndPacker(sequence_length=4, end_value=6, pad_value=0)
+    start_packer = keras_hub.layers.StartEndPacker(sequence_length=4, start_value=5, pad_value=0)
+    np.testing.assert_array_equal(labels, to_numpy(end_packer(targets)))
+    np.testing.assert_array_equal(inputs["decoder_token_ids"], to_numpy(start_packer(targets)))
+    np.testing.assert_array_equal(inputs["encoder_token_ids"], [[10, 11, 12], [14, 0, 0]])
+    np.testing.assert_array_equal(weights, [[1, 1, 1, 1], [1, 1, 0, 0]])
+
+
+def test_mask_tokens_draws_random_tokens_from_the_ordinary_vocabulary():
+    # Special ids that are not the first ids of the vocabulary, as in Google
+    # BERT's ([PAD] 0, [CLS] 101, [SEP] 102, [MASK] 103): a random token is
+    # none of them (it had been drawn from every id past len(special_ids)).
+    ids = np.full((100, 100), 7)
+    inputs, _, weights = data.mask_tokens(ids, mask_token_id=4, vocab_size=10, rate=1.0, special_ids=(0, 2, 3), seed=0)
+    random_tokens = inputs[(inputs != 4) & (inputs != 7)]
+    assert len(random_tokens) > 500
+    assert set(np.unique(random_tokens)) == {1, 5, 6, 8, 9}
+    assert weights.all()
+
+
+def test_language_model_batches_draw_every_window_the_last_one_too():
+    # nanoGPT's get_batch draws offsets 0 .. len - T - 1; the last had never been drawn.
+    stream = np.arange(10)
+    batches = data.LanguageModelBatches(stream, sequence_length=8, batch_size=16, steps=4, seed=0)
+    firsts = np.concatenate([batches[i][0][:, 0] for i in range(4)])
+    assert set(firsts) == {0, 1}
+    x, y = data.LanguageModelBatches(np.arange(9), 8, 2, 1)[0]  # One window only.
+    np.testing.assert_array_equal(x, [np.arange(8)] * 2)
+    np.testing.assert_array_equal(y, [np.arange(1, 9)] * 2)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: data.pad_batch([]), "`sequences` is empty"),
+        (lambda: data.pad_batch([[1, 2, 3]], length=0), "`length` must be an int >= 1 or None, got 0"),
+        (lambda: data.pad_batch([[1.5, 2.7]]), "`sequences\[0\]` must be integer token ids, got dtype float64"),
+        (lambda: data.pad_batch(["hello"]), "`sequences\[0\]` must be token ids, got text"),
+        (lambda: data.pad_batch([1, 2, 3]), "`sequences\[0\]` must be one sequence \(1-D\) of token ids, got shape \(\)"),
+        (lambda: data.pad_batch([[1, -2]]), "`sequences\[0\]` must be token ids >= 0, got -2"),
+        (lambda: data.pack([[1.7, 2.2, 3.9, 4.1]], 2), "`documents\[0\]` must be integer token ids"),
+        (lambda: data.pack([np.ones((2, 3), "int32")], 2), "`documents\[0\]` must be one sequence \(1-D\) of token ids, got shape \(2, 3\)"),
+        (lambda: data.mask_tokens(np.full((2, 4), 50), 3, 10), "`token_ids` must be below `vocab_size` \(10\), got 50"),
+        (lambda: data.mask_tokens(np.full((2, 4), 5), 12, 10), "`mask_token_id` must be an int in \[0, 10\), got 12"),
+        (lambda: data.mask_tokens(np.full((2, 4), 1), 1, 2, special_ids=(0,)), "leave no token of `vocab_size` 2 to draw random tokens from"),
+        (lambda: data.seq2seq_arrays([[5], [6]], [[7]], 1, 2), "`sources` and `targets` must pair up one to one, got 2 sources and 1 targets"),
+        (lambda: data.seq2seq_arrays([[5]], [[7]], 1, 2, target_length=0), "`target_length` must be an int >= 1 or None, got 0"),
+        (lambda: data.seq2seq_arrays([["5"]], [[7]], 1, 2), "`sources\[0\]` must be token ids, got text"),
+        (lambda: data.LanguageModelBatches(np.arange(100), 0, 4, 3), "`sequence_length` must be a positive int, got 0"),
+        (lambda: data.LanguageModelBatches(np.arange(100), 8, 0, 3), "`batch_size` must be a positive int, got 0"),
+        (lambda: data.LanguageModelBatches(np.arange(100), 8, 4, 0), "`steps` must be a positive int, got 0"),
+        (lambda: data.LanguageModelBatches(np.arange(100).reshape(10, 10), 4, 4, 3), "`stream` must be one sequence \(1-D\) of token ids, got shape \(10, 10\)"),
+        (lambda: data.LanguageModelBatches(np.arange(100) * 1.5, 4, 4, 3), "`stream` must be integer token ids, got dtype float64"),
+        (lambda: data.LanguageModelBatches(np.arange(8), 8, 4, 3), "`stream` \(8 tokens\) is shorter than one window of `sequence_length` \+ 1 \(9\)"),
+        (lambda: data.ArrayBatches(np.zeros((0, 4)), np.zeros((0, 4))), "`labels` hold no examples"),
+        (lambda: data.ArrayBatches(np.zeros((10, 4)), np.zeros((10, 4)), batch_size=0), "`batch_size` must be a positive int, got 0"),
+        (lambda: data.ArrayBatches({"a": np.zeros((10, 4))}, np.zeros(8)), r"must hold the same number of examples, got \{'labels': 8, \"inputs\['a'\]\": 10\}"),
+        (lambda: data.ArrayBatches(np.zeros((10, 4)), np.zeros(10), np.ones(9)), "got \{'labels': 10, 'weights': 9, 'inputs': 10\}"),
+        (lambda: data.decode(data.train_tokenizer("byte", []), np.array([[104, 105]])), "`ids` must be one sequence \(1-D\) of token ids, got shape \(1, 2\)"),
+        (lambda: data.number_to_words(3.5), "`n` must be an int in \[0, 1000000\), got 3.5"),
+        (lambda: data.numbers_to_words_dataset(3, max_number=10**7), "`max_number` must be an int in \[0, 1000000\), got 10000000"),
+        (lambda: data.train_tokenizer("char", []), "`texts` hold no text to train a char vocabulary on: 0 empty string"),
+        (lambda: data.train_tokenizer("wordpiece", ["", ""]), "`texts` hold no text to train a wordpiece vocabulary on: 2 empty string"),
+    ],
+)
+def test_bad_data_is_named(call, message):
+    # Each had failed inside numpy or TF, or was taken without complaint
+    # (float ids cut to other ids, a stream of rows, mismatched counts).
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 def test_pipeline_feeds_fit_on_this_backend():
