@@ -75,12 +75,32 @@ def _dense_rows(prefix, dense, layout="linear"):
     return rows
 
 
+def _refuse_options(config, family, computed):
+    """Names an option of `config` other than the value the kerasformer model computes.
+
+    Converted anyway, the model would load and give other outputs than the
+    checkpoint's, without a word.
+    """
+    for key, (value, why) in computed.items():
+        given = config.get(key, value)
+        if given != value:
+            raise ValueError(f"{family} `{key}={given!r}` is not supported: {why}.")
+
+
 # GPT-2 ---------------------------------------------------------------------
+
+
+_GPT2_COMPUTED = {
+    "scale_attn_weights": (True, "kerasformer's attention scales its scores by 1/sqrt(head_dim)"),
+    "scale_attn_by_inverse_layer_idx": (False, "kerasformer's GPT scales the scores of every layer alike"),
+    "add_cross_attention": (False, "kerasformer's GPT has no cross-attention"),
+}
 
 
 def _gpt2_model(config):
     from kerasformer.models import GPT
 
+    _refuse_options(config, "GPT-2", _GPT2_COMPUTED)
     return GPT(
         vocab_size=config["vocab_size"],
         num_layers=config["n_layer"],
@@ -91,6 +111,7 @@ def _gpt2_model(config):
         dropout=config.get("resid_pdrop", 0.1),
         activation=HF_ACTIVATIONS[config.get("activation_function", "gelu_new")],
         norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
+        tie_embeddings=config.get("tie_word_embeddings", True) is not False,
     )
 
 
@@ -110,6 +131,8 @@ def _gpt2_rows(model):
         rows += _dense_rows(p + "mlp.c_fc", ffn.intermediate_dense, "copy")
         rows += _dense_rows(p + "mlp.c_proj", ffn.output_dense, "copy")
     rows += _norm_rows("transformer.ln_f", model.final_norm)
+    if model.lm_head is not None:
+        rows.append(("lm_head.weight", model.lm_head.kernel, "linear"))
     return rows
 
 
@@ -149,7 +172,7 @@ def _gpt2_config(model):
         "attn_pdrop": 0.0,
         "activation_function": "gelu_new" if model.activation == "gelu_tanh" else model.activation,
         "layer_norm_epsilon": model.norm_epsilon,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": model.tie_embeddings,
     }
 
 
@@ -231,9 +254,16 @@ def _llama_config(model):
 # BERT ----------------------------------------------------------------------
 
 
+_BERT_COMPUTED = {
+    "position_embedding_type": ("absolute", "kerasformer's BERT learns absolute positions"),
+    "is_decoder": (False, "kerasformer's BERT attends both ways; a decoder's attention is causal"),
+}
+
+
 def _bert_backbone(config):
     from kerasformer.models import BERT
 
+    _refuse_options(config, "BERT", _BERT_COMPUTED)
     return BERT(
         vocab_size=config["vocab_size"],
         num_layers=config["num_hidden_layers"],
@@ -256,6 +286,8 @@ def _bert_model(config):
     backbone = _bert_backbone(config)
     architecture = (config.get("architectures") or ["BertModel"])[0]
     if architecture == "BertForMaskedLM":
+        tied = (True, "kerasformer's BERTMaskedLM predicts with its token table")
+        _refuse_options(config, "BERT", {"tie_word_embeddings": tied})
         return BERTMaskedLM(backbone)
     if architecture == "BertForSequenceClassification":
         num_labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
@@ -448,7 +480,7 @@ FAMILIES = {
 
 # The GPT options each Hugging Face family fixes; the others are free.
 GPT_FAMILIES = {
-    "gpt2": dict(position_type="learned", norm_type="layer_norm", norm_first=True, tie_embeddings=True, use_bias=True),
+    "gpt2": dict(position_type="learned", norm_type="layer_norm", norm_first=True, use_bias=True),
     "llama": dict(position_type="rotary", norm_type="rms_norm", norm_first=True, activation="swiglu"),
 }
 

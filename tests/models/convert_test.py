@@ -1,5 +1,7 @@
 """Converted models equal randomly initialized Hugging Face references (fp32, 1e-4)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -13,10 +15,10 @@ torch.manual_seed(0)
 ATOL = 1e-4
 
 
-def tiny_gpt2():
+def tiny_gpt2(**kwargs):
     config = transformers.GPT2Config(
         vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-        bos_token_id=0, eos_token_id=0,
+        bos_token_id=0, eos_token_id=0, **kwargs,
     )
     return transformers.GPT2LMHeadModel(config).eval()
 
@@ -51,6 +53,45 @@ def test_lm_logits_match():
     model = from_huggingface(hf)
     assert isinstance(model, GPT)
     np.testing.assert_allclose(to_numpy(model(ids)), lm_logits(hf, ids), atol=ATOL)
+
+
+def test_gpt2_with_an_untied_head_matches_and_round_trips(tmp_path):
+    # Its lm_head had been left out: the logits came from the token table (0.63 apart).
+    hf = tiny_gpt2(tie_word_embeddings=False)
+    ids = token_ids(97, (2, 11))
+    model = from_huggingface(hf)
+    assert not model.tie_embeddings
+    np.testing.assert_allclose(to_numpy(model(ids)), lm_logits(hf, ids), atol=ATOL)
+    to_huggingface(model, tmp_path / "ours")
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "ours").eval()
+    np.testing.assert_allclose(lm_logits(reloaded, ids), lm_logits(hf, ids), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make, option",
+    [
+        (lambda: tiny_gpt2(scale_attn_weights=False), "scale_attn_weights=False"),
+        (lambda: tiny_gpt2(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx=True"),
+        (lambda: transformers.BertModel(tiny_bert_config(is_decoder=True)).eval(), "is_decoder=True"),
+        (lambda: transformers.BertForMaskedLM(tiny_bert_config(tie_word_embeddings=False)).eval(), "tie_word_embeddings=False"),
+    ],
+)
+def test_options_that_would_compute_another_model_are_refused_by_name(make, option):
+    # Each had converted without complaint into a model whose outputs differ
+    # from the checkpoint's (by 3e-4 to 0.57 at these tiny random weights).
+    with pytest.raises(ValueError, match=f"`{option}` .* not supported"):
+        from_huggingface(make())
+
+
+def test_bert_relative_positions_of_an_older_checkpoint_are_refused(tmp_path):
+    # transformers 5 no longer reads `position_embedding_type`; checkpoints of
+    # earlier versions trained with relative positions still carry it.
+    hf = transformers.BertModel(tiny_bert_config()).eval()
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "position_embedding_type": "relative_key"}))
+    with pytest.raises(ValueError, match="`position_embedding_type='relative_key'` .* not supported"):
+        from_huggingface(tmp_path)
 
 
 def tiny_llama(**kwargs):
