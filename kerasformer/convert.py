@@ -502,14 +502,38 @@ def _gpt_family(model):
     )
 
 
+# The BERT options a `BertModel` fixes: learned positions, post-norm LayerNorm.
+BERT_FIXED = dict(position_type="learned", norm_type="layer_norm", norm_first=False)
+
+
+def _check_bert(model):
+    backbone = getattr(model, "backbone", model)
+    options = {name: getattr(backbone, name) for name in (*BERT_FIXED, "activation")}
+    if any(options[name] != value for name, value in BERT_FIXED.items()) or backbone.activation not in HF_ACTIVATIONS.values():
+        raise ValueError(
+            f"This BERT's options {options} match no Hugging Face BERT, which has {BERT_FIXED} and a "
+            f"plain activation ({', '.join(sorted(set(HF_ACTIVATIONS.values())))})."
+        )
+
+
+def _check_t5(model):
+    if model.activation == "geglu":  # transformers' "gated-gelu" is always the tanh GELU.
+        raise ValueError(
+            "This T5's `activation='geglu'` (exact GELU) matches no Hugging Face T5, whose gated-gelu "
+            "is T5 v1.1's 'geglu_tanh'."
+        )
+
+
 def _family_of(model):
     from kerasformer.models import BERT, GPT, T5, BERTClassifier, BERTMaskedLM
 
     if isinstance(model, GPT):
         return _gpt_family(model)
     if isinstance(model, (BERT, BERTMaskedLM, BERTClassifier)):
+        _check_bert(model)
         return "bert"
     if isinstance(model, T5):
+        _check_t5(model)
         return "t5"
     raise ValueError(f"`model` must be a GPT, BERT (or task model) or T5, got {type(model).__name__}.")
 

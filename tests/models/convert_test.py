@@ -276,6 +276,29 @@ def test_written_state_dict_loads_strictly_into_transformers(family):
     assert set(reference) - set(state) <= tied
 
 
+def tiny_bert(**options):
+    return BERT(vocab_size=101, num_layers=1, num_heads=4, hidden_dim=32, max_sequence_length=40, **options)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: tiny_bert(norm_first=True), "'norm_first': True.* match no Hugging Face BERT"),
+        (lambda: BERTMaskedLM(tiny_bert(norm_type="rms_norm")), "'norm_type': 'rms_norm'.* match no Hugging Face BERT"),
+        (lambda: tiny_bert(activation="swiglu"), "'activation': 'swiglu'.* match no Hugging Face BERT"),
+        (lambda: tiny_bert(position_type="rotary"), "'position_type': 'rotary'.* match no Hugging Face BERT"),
+        (lambda: T5(vocab_size=103, num_layers=1, num_heads=4, hidden_dim=32, activation="geglu"), "`activation='geglu'` .* matches no Hugging Face T5"),
+    ],
+)
+def test_models_without_a_hugging_face_counterpart_are_refused_by_name(make, message):
+    # They had been written anyway: a pre-norm BERT as a post-norm one, an
+    # RMSNorm one without the LayerNorm biases, SwiGLU as a config transformers
+    # cannot read, rotary positions failed with an AttributeError, and an exact
+    # GEGLU T5 as "gated-gelu", whose GELU is the tanh one (7e-4 apart).
+    with pytest.raises(ValueError, match=message):
+        to_huggingface(make())
+
+
 def test_bad_sources_are_named():
     with pytest.raises(ValueError, match="config.json"):
         from_huggingface("/nonexistent/folder")
