@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 
+from kerasformer.checks import check_int
 from kerasformer.layers import (
     FeedForward,
     MultiHeadAttention,
@@ -105,6 +106,8 @@ def attention_scores(model, inputs, layer):
         with cross-attention returns self-attention's).
     """
     blocks = [sub for sub in model._flatten_layers(include_self=False) if _is_block(sub)]
+    if isinstance(layer, bool):  # An int to Python, but no block's index.
+        raise ValueError(f"`layer` must be a block's index or name, got {layer!r}.")
     if isinstance(layer, int):
         if not -len(blocks) <= layer < len(blocks):
             raise ValueError(f"`layer` must be in [0, {len(blocks)}), got {layer}.")
@@ -153,9 +156,11 @@ def plot_attention(model, inputs, layer, head, path, example=0, tokens=None):
         The `(T, S)` array that was plotted.
     """
     scores = attention_scores(model, inputs, layer)
-    if not 0 <= head < scores.shape[1]:
-        raise ValueError(f"`head` must be in [0, {scores.shape[1]}), got {head}.")
+    check_int("head", head, 0, scores.shape[1])
+    check_int("example", example, 0, scores.shape[0])
     matrix = scores[example, head]
+    if tokens is not None and len(tokens) != matrix.shape[1]:  # Else the labels would sit on the wrong positions.
+        raise ValueError(f"`tokens` must hold one label per position ({matrix.shape[1]}), got {len(tokens)}.")
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(6, 5))
     image = axis.imshow(matrix, cmap="viridis", vmin=0.0, vmax=max(float(matrix.max()), 1e-9))

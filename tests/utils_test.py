@@ -55,6 +55,24 @@ def test_plot_attention_writes_the_real_causal_scores(tmp_path):
     np.testing.assert_allclose(plotted.sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(layer=0, head=0, example=3), "`example` must be an int in \\[0, 1\\), got 3"),
+        (dict(layer=0, head=-1), "`head` must be an int in \\[0, 4\\), got -1"),
+        (dict(layer=0, head=0, tokens=["a", "b"]), "`tokens` must hold one label per position \\(5\\), got 2"),
+        (dict(layer=True, head=0), "`layer` must be a block's index or name, got True"),
+    ],
+)
+def test_plot_attention_names_bad_arguments(arguments, message, tmp_path):
+    # An example past the batch had raised numpy's IndexError; two labels for
+    # five positions were drawn on the first two; True was read as layer 1.
+    model = from_preset("gpt2-tiny", num_layers=2)
+    with pytest.raises(ValueError, match=message):
+        plot_attention(model, np.arange(1, 6)[None], path=tmp_path / "attention.png", **arguments)
+    assert not (tmp_path / "attention.png").exists()
+
+
 def test_attention_scores_of_an_encoder_decoder_block():
     model = from_preset("t5-tiny")
     inputs = {"encoder_token_ids": np.array([[5, 6, 7, 0]]), "decoder_token_ids": np.array([[0, 5, 6]])}
