@@ -22,6 +22,23 @@ def check_int(name, value, low=0, high=None, none_ok=False, owner=""):
         raise ValueError(f"{owner}`{name}` must be an int {span}{' or None' if none_ok else ''}, got {value!r}.")
 
 
+def check_batch_sizes(**tensors):
+    """Raises a ValueError naming `tensors` (name: tensor or None) whose batch sizes (axis 0) differ.
+
+    Checked where the sizes are known (eager calls, JAX's traces); a symbolic
+    batch passes. Some backends would broadcast a batch of one against the
+    other and return a result.
+    """
+    sizes = {}
+    for name, tensor in tensors.items():
+        shape = getattr(tensor, "shape", None)
+        if shape is not None and len(shape) and isinstance(shape[0], int):
+            sizes[name] = shape[0]
+    if len(set(sizes.values())) > 1:
+        names = " and ".join(f"`{name}`" for name in sizes)
+        raise ValueError(f"{names} must have the same batch size (one row per example), got {sizes}.")
+
+
 def check_rate(name, value):
     """Raises a ValueError naming `name` unless `value` is a dropout rate in [0, 1)."""
     check_number(name, value, low=0, high=1, high_open=True)

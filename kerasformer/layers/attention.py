@@ -20,7 +20,7 @@ import math
 import keras
 from keras import ops
 
-from kerasformer.checks import check_number, check_positive_int, check_rate
+from kerasformer.checks import check_batch_sizes, check_number, check_positive_int, check_rate
 from kerasformer.layers.linear import linear
 from kerasformer.layers.positions import RotaryEmbedding
 
@@ -453,6 +453,7 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
     ):
         check_float_inputs(query=query, value=value, key=key)
+        check_batch_sizes(query=query, value=value, key=key)
         if cache is not None:
             self.check_cache(cache, query.shape[1], cache_update_index)
         self_attention = value is None

@@ -2,7 +2,7 @@
 
 import keras
 
-from kerasformer.checks import check_positive_int, check_rate
+from kerasformer.checks import check_batch_sizes, check_positive_int, check_rate
 from kerasformer.layers.attention import (
     MultiHeadAttention,
     check_float_inputs,
@@ -281,6 +281,7 @@ class DecoderBlock(_TransformerBlock):
         training=None,
     ):
         check_float_inputs(encoder_outputs=encoder_outputs)  # `inputs` is checked by the Residual.
+        check_batch_sizes(inputs=inputs, encoder_outputs=encoder_outputs)
         if self_attention_cache is not None:
             self.self_attention.sublayer.check_cache(
                 self_attention_cache, inputs.shape[1], cache_update_index, name="self_attention_cache"

@@ -7,7 +7,7 @@ import numbers
 import keras
 import numpy as np
 
-from kerasformer.checks import check_positive_int
+from kerasformer.checks import check_batch_sizes, check_positive_int
 
 
 def position_layer(position_type, max_sequence_length, initializer="glorot_uniform"):
@@ -95,6 +95,8 @@ class TransformerModel(keras.Model):
     def call(self, inputs, training=None, mask=None):
         inputs = self.complete_inputs(inputs)  # JAX's trainer calls `call` directly.
         check_integer_inputs(self._inputs_struct, inputs)
+        if isinstance(inputs, dict):
+            check_batch_sizes(**inputs)
         return super().call(inputs, training=training, mask=mask)
 
     def complete_inputs(self, inputs):

@@ -259,6 +259,9 @@ def test_bad_arguments_name_the_argument():
         layer(x, cache=np.zeros((1, 2, 2, 2, 4), "float32"), cache_update_index=0)
     with pytest.raises(ValueError, match=r"`cache` must be floating-point"):
         layer(x, cache=np.zeros((1, 2, 2, 8, 4), "int32"), cache_update_index=0)
+    # A batch of one query row against two key rows had been broadcast on JAX.
+    with pytest.raises(ValueError, match=r"`query` and `value` must have the same batch size .* got \{'query': 1, 'value': 2\}"):
+        layer(x, random_inputs(2, 5, 16))
 
 
 def test_head_dim_need_not_divide_the_width():

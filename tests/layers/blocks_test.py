@@ -241,6 +241,8 @@ def test_bad_arguments_name_the_argument():
         DecoderBlock(num_heads=2)(np.ones((1, 3, 32), "int32"))
     with pytest.raises(ValueError, match=r"`encoder_outputs` must be floating-point"):
         DecoderBlock(num_heads=2)(random_inputs(1, 3, 32), np.ones((1, 3, 32), "int32"))
+    with pytest.raises(ValueError, match=r"`inputs` and `encoder_outputs` must have the same batch size .* got \{'inputs': 1, 'encoder_outputs': 2\}"):
+        DecoderBlock(num_heads=2)(random_inputs(1, 3, 32), random_inputs(2, 5, 32))
     # Caches are named by the block's own arguments.
     block = DecoderBlock(num_heads=2)
     block(random_inputs(1, 3, 32), random_inputs(1, 5, 32))

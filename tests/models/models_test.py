@@ -274,6 +274,18 @@ def test_float_token_ids_are_refused_by_name(family):
     np.testing.assert_array_equal(to_numpy(model(int64)), to_numpy(model(inputs)))
 
 
+@pytest.mark.parametrize("family", ["bert", "t5", "transformer"])
+def test_inputs_of_different_batch_sizes_are_refused_by_name(family):
+    # One decoder (or segment) row against two source rows had been broadcast,
+    # on every backend, into two rows of output, as if both had that row.
+    model, inputs, _ = task(family)
+    first, second = inputs
+    uneven = {first: inputs[first][:2], second: inputs[second][:1]}
+    with pytest.raises(ValueError, match=r"must have the same batch size \(one row per example\), got \{") as error:
+        model(uneven)
+    assert f"`{first}`" in str(error.value) and f"`{second}`" in str(error.value)
+
+
 def test_a_failed_fit_evaluate_or_predict_leaves_the_model_as_it_was():
     # On JAX a step that failed to trace, or a Ctrl-C during evaluate /
     # predict, left every variable None (Keras detaches them while its loop
