@@ -364,7 +364,7 @@ def token_id_array(name, ids, ndim=1):
         raise ValueError(f"`{name}` must be {expected} of token ids, got shape {array.shape}.")
     if array.size and array.min() < 0:
         raise ValueError(f"`{name}` must be token ids >= 0, got {array.min()}.")
-    return array.astype("int32")
+    return array.astype("int32", copy=False)  # An int32 memmap of a large corpus stays on disk.
 
 
 def pack(documents, length, separator_id=None):
@@ -451,7 +451,7 @@ def mask_tokens(token_ids, mask_token_id, vocab_size, rate=0.15, special_ids=(0,
     inputs[chosen & (action < 0.8)] = mask_token_id
     random_positions = chosen & (action >= 0.8) & (action < 0.9)
     inputs[random_positions] = ordinary[rng.integers(0, len(ordinary), random_positions.sum())]
-    return inputs, token_ids, chosen.astype("float32")
+    return inputs, token_ids.copy(), chosen.astype("float32")  # Labels apart from the caller's array.
 
 
 def seq2seq_arrays(sources, targets, start_id, end_id, source_length=None, target_length=None):

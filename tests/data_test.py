@@ -271,6 +271,16 @@ def test_language_model_batches_draw_every_window_the_last_one_too():
     np.testing.assert_array_equal(y, [np.arange(1, 9)] * 2)
 
 
+def test_language_model_batches_read_an_int32_memmap_in_place(tmp_path):
+    # A large corpus stays on disk, as nanoGPT's train.bin: a copy would load it whole.
+    stream = np.memmap(tmp_path / "train.bin", dtype="int32", mode="w+", shape=(1000,))
+    stream[:] = np.arange(1000)
+    batches = data.LanguageModelBatches(stream, 16, 4, 2)
+    assert np.shares_memory(batches.stream, stream)
+    x, y = batches[0]
+    np.testing.assert_array_equal(y, x + 1)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
