@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from kerasformer.checks import check_int, check_positive_int
+from kerasformer.layers.embedding import check_token_ids
 
 PAD, UNK, CLS, SEP, MASK, START, END = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, START, END]  # Ids 0..6 in every word vocabulary.
@@ -434,8 +435,7 @@ def mask_tokens(token_ids, mask_token_id, vocab_size, rate=0.15, special_ids=(0,
     check_positive_int("vocab_size", vocab_size)
     check_int("mask_token_id", mask_token_id, 0, vocab_size)
     token_ids = token_id_array("token_ids", token_ids, ndim=None)
-    if token_ids.size and token_ids.max() >= vocab_size:
-        raise ValueError(f"`token_ids` must be below `vocab_size` ({vocab_size}), got {token_ids.max()}.")
+    check_token_ids(token_ids, vocab_size)
     special_ids = list(special_ids)
     for i, special in enumerate(special_ids):
         check_int(f"special_ids[{i}]", special, 0, vocab_size)

@@ -292,7 +292,7 @@ def test_language_model_batches_read_an_int32_memmap_in_place(tmp_path):
         (lambda: data.pad_batch([[1, -2]]), "`sequences\[0\]` must be token ids >= 0, got -2"),
         (lambda: data.pack([[1.7, 2.2, 3.9, 4.1]], 2), "`documents\[0\]` must be integer token ids"),
         (lambda: data.pack([np.ones((2, 3), "int32")], 2), "`documents\[0\]` must be one sequence \(1-D\) of token ids, got shape \(2, 3\)"),
-        (lambda: data.mask_tokens(np.full((2, 4), 50), 3, 10), "`token_ids` must be below `vocab_size` \(10\), got 50"),
+        (lambda: data.mask_tokens(np.full((2, 4), 50), 3, 10), "`token_ids` must lie in \[0, 10\) \(vocab_size=10\), got values from 50 to 50"),
         (lambda: data.mask_tokens(np.full((2, 4), 5), 12, 10), "`mask_token_id` must be an int in \[0, 10\), got 12"),
         (lambda: data.mask_tokens(np.full((2, 4), 1), 1, 2, special_ids=(0,)), "leave no token of `vocab_size` 2 to draw random tokens from"),
         (lambda: data.seq2seq_arrays([[5], [6]], [[7]], 1, 2), "`sources` and `targets` must pair up one to one, got 2 sources and 1 targets"),
