@@ -70,6 +70,11 @@ def _generate_parser(subparsers):
     parser.add_argument(
         "--num-beams", type=int, default=1, help="beam search with this many beams (default: %(default)s, greedy or sampling)"
     )
+    parser.add_argument(
+        "--length-penalty", type=float, default=1.0,
+        help="beam search ranks its finished texts by log-probability / length ** this; above 0 favours longer ones"
+        " (default: %(default)s, as transformers)",
+    )
 
 
 def _export_parser(subparsers):
@@ -139,7 +144,7 @@ def generate_text(run_dir, prompt, max_new_tokens=None, **options):
     return texts[0] if isinstance(prompt, str) else texts
 
 
-def fill_masks(model, tokenizer, prompts, temperature=0.0, top_k=None, top_p=None, seed=None, num_beams=1):
+def fill_masks(model, tokenizer, prompts, temperature=0.0, top_k=None, top_p=None, seed=None, num_beams=1, length_penalty=1.0):
     """A BERT run's texts with each "[MASK]" replaced by its most likely token (as the export's `fill_mask_text`).
 
     Each prompt is read as `kerasformer train bert` writes its rows:
@@ -150,10 +155,10 @@ def fill_masks(model, tokenizer, prompts, temperature=0.0, top_k=None, top_p=Non
     from kerasformer import data
     from kerasformer.generate import learned_position_limit, learned_positions_message
 
-    if temperature or top_k or top_p is not None or seed is not None or num_beams != 1:
+    if temperature or top_k or top_p is not None or seed is not None or num_beams != 1 or length_penalty != 1.0:
         raise ValueError(
-            "A BERT run fills each [MASK] with its most likely token: `temperature`, `top_k`, `top_p`, `seed` "
-            "and `num_beams` do not apply."
+            "A BERT run fills each [MASK] with its most likely token: `temperature`, `top_k`, `top_p`, `seed`, "
+            "`num_beams` and `length_penalty` do not apply."
         )
     cls, sep, mask = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
     rows = []
@@ -200,7 +205,7 @@ def _run(args):
         texts = generate_text(
             args.run_dir, args.prompt, args.max_new_tokens,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-            num_beams=args.num_beams,
+            num_beams=args.num_beams, length_penalty=args.length_penalty,
         )
         print("\n\n".join(texts))  # One prompt's text, or each in order, a blank line apart.
     elif args.command == "export":

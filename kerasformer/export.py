@@ -452,7 +452,7 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
         result = generator._loop(
             body, tf.zeros([batch, 1], tf.int32), ids, in_context, limits, _noise(batch, width, seed, part),
             start, stop_token_ids, ids[:, :start],  # Prefills the positions every row's context holds.
-        )[0]  # (B, W)
+        )  # (B, W)
         # The window's new tokens (positions context .. limits - 1) follow the text.
         offsets = tf.range(total)[None, :] - text_lengths[:, None]  # (B, P + N)
         fresh = tf.logical_and(offsets >= 0, offsets < counts[:, None])
@@ -483,7 +483,7 @@ def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, tempera
     result = generator._loop(
         body, encoder_token_ids, buffer, prompt_mask, limits,
         _noise(batch, total, seed), tf.constant(1), stop_token_ids,
-    )[0]
+    )
     return result[:, 1:]
 
 

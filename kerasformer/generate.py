@@ -33,8 +33,11 @@ from kerasformer.layers.embedding import check_token_ids
 
 
 def filter_logits(logits, top_k=None, top_p=None):
-    """Keeps the `top_k` largest logits and the smallest set reaching `top_p` mass.
+    """Keeps the `top_k` largest logits, then the smallest set of those reaching `top_p` of their mass.
 
+    As `transformers`' `TopKLogitsWarper` then `TopPLogitsWarper`: the
+    nucleus is taken of the top k's renormalized distribution (so with both,
+    fewer tokens are kept than by a nucleus of the whole distribution).
     `logits` is `(B, V)`; `top_k` (0 = all) and `top_p` (1.0 = all) may be
     tensors. Dropped logits become a large negative number.
     """
@@ -48,7 +51,8 @@ def filter_logits(logits, top_k=None, top_p=None):
         k = ops.where(k > 0, ops.minimum(k, vocab_size), vocab_size)
         threshold = ops.maximum(threshold, ops.take(descending, k - 1, axis=1))
     if top_p is not None:
-        probabilities = ops.softmax(descending, axis=-1)
+        ranked = ops.where(descending >= threshold[:, None], descending, -1e9)  # (B, V) the top k, ties kept
+        probabilities = ops.softmax(ranked, axis=-1)
         mass_before = ops.cumsum(probabilities, axis=-1) - probabilities  # (B, V)
         top_p = ops.cast(top_p, "float32")
         # The first is always kept; at 1.0 every token (a cumulative sum may round past 1).
@@ -90,7 +94,7 @@ def sample_tokens(logits, noise, temperature=0.0, top_k=None, top_p=None, greedy
 
 
 def _loop_body(step, sampling, pad_token_id):
-    """One generation step, as the body of a `while_loop` over `(index, token_ids, done, cache, scores)`.
+    """One generation step, as the body of a `while_loop` over `(index, token_ids, done, cache, beams)`.
 
     `step(ids (B, 1), index, cache, context)` returns the logits `(B, 1, V)`
     of the token at `index` and the updated cache. `inputs` holds what
@@ -99,7 +103,7 @@ def _loop_body(step, sampling, pad_token_id):
     stop token, and is padded from there on.
     """
 
-    def body(index, token_ids, done, cache, scores, inputs):
+    def body(index, token_ids, done, cache, beams, inputs):
         prompt_mask, limits, noise, stop_token_ids, context = inputs
         batch = ops.shape(token_ids)[0]
         previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # (B, 1)
@@ -113,7 +117,7 @@ def _loop_body(step, sampling, pad_token_id):
         stopped = ops.any(chosen[:, None] == stop_token_ids[None, :], axis=-1)
         finished = ops.logical_and(ops.logical_not(in_prompt), stopped)
         done = ops.logical_or(ops.logical_or(done, finished), index + 1 >= limits)
-        return index + 1, token_ids, done, cache, scores
+        return index + 1, token_ids, done, cache, beams
 
     return body
 
@@ -122,20 +126,30 @@ _IMPOSSIBLE = -1e9  # Log-probability of a token a row may not take (finite: no 
 
 
 def _beam_body(step, num_beams, pad_token_id):
-    """One beam-search step over rows `(B * K)`: K beams per example, best first.
+    """One step of `transformers`' beam search, over rows `(B * K)`: K running beams per example.
 
-    Every beam proposes its V continuations; each example keeps the K best
-    sums of log-probabilities among its K * V candidates, and the beams'
-    tokens and caches are gathered from the beams they extend. A beam that
-    has emitted a stop token (or reached its limit) proposes only padding, at
-    no cost, so it keeps its score and its slot while it stays among the best.
-    Prompt positions force the prompt's token. Beam scores start at
-    `(0, -1e9, ...)`, so the K identical copies of a prompt branch only once.
+    As `_beam_search` in `transformers` (its default `early_stopping=False`):
+    the running beams propose their continuations, and each example keeps
+    its best C = max(2, 1 + number of stop ids) * K candidates by summed
+    log-probability. Those among the best K that end (a stop token, or the
+    row's limit) join the example's K finished hypotheses, scored
+    `log-probability / new_length ** length_penalty`; the best K that do not
+    end run on, and the cache is gathered from the beams they extend. An
+    example is done at its limit, or once its best running beam, scored at
+    the current length, cannot beat its worst finished hypothesis
+    (Hugging Face's heuristic). Prompt positions force the prompt's token.
+    Running scores start at `(0, -1e9, ...)`, so the K copies of a prompt
+    branch only once.
+
+    The state's last part is `(running_scores (B, K), finished_ids (B, K, W),
+    finished_scores (B, K), finished (B, K), improvable (B,))`; `inputs` ends
+    with `(prompt_lengths (B*K,), length_penalty)`.
     """
 
-    def body(index, token_ids, done, cache, scores, inputs):
-        prompt_mask, limits, noise, stop_token_ids, context = inputs
-        rows = ops.shape(token_ids)[0]  # B * K
+    def body(index, token_ids, done, cache, beams, inputs):
+        prompt_mask, limits, _, stop_token_ids, context, (prompt_lengths, length_penalty) = inputs
+        running_scores, finished_ids, finished_scores, finished, improvable = beams
+        examples, rows = ops.shape(running_scores)[0], ops.shape(token_ids)[0]  # B, B*K
         previous = ops.slice(token_ids, (0, index - 1), (rows, 1))  # (B*K, 1)
         logits, cache = step(previous, index - 1, cache, context)  # (B*K, 1, V)
         log_probs = ops.log_softmax(ops.cast(logits[:, 0], "float32"), axis=-1)  # (B*K, V)
@@ -144,21 +158,52 @@ def _beam_body(step, num_beams, pad_token_id):
         fixed = ops.where(in_prompt, ops.take(token_ids, index, axis=1), pad_token_id)  # (B*K,)
         forced = ops.where(ops.arange(vocab_size)[None, :] == fixed[:, None], 0.0, _IMPOSSIBLE)  # (B*K, V)
         log_probs = ops.where(ops.logical_or(in_prompt, done)[:, None], forced, log_probs)
-        candidates = ops.reshape(scores, (-1, 1)) + log_probs  # (B*K, V)
+        candidates = ops.reshape(running_scores, (-1, 1)) + log_probs  # (B*K, V)
         candidates = ops.reshape(candidates, (-1, num_beams * vocab_size))  # (B, K*V)
-        scores, best = ops.top_k(candidates, num_beams)  # (B, K), sorted
-        origin = ops.floor_divide(best, vocab_size)  # (B, K) beam each one extends
-        chosen = ops.reshape(ops.mod(best, vocab_size), (-1,))  # (B*K,)
-        examples = ops.shape(scores)[0]
-        source = ops.reshape(ops.arange(examples)[:, None] * num_beams + origin, (-1,))  # (B*K,)
-        token_ids = ops.take(token_ids, source, axis=0)  # (B*K, L)
-        cache = tuple(ops.take(layer, source, axis=0) for layer in cache)  # (B*K, 2, heads, S, D) each
-        done = ops.take(done, source, axis=0)
-        token_ids = ops.slice_update(token_ids, (0, index), ops.cast(chosen, "int32")[:, None])
-        stopped = ops.any(chosen[:, None] == stop_token_ids[None, :], axis=-1)
-        finished = ops.logical_and(ops.logical_not(in_prompt), stopped)
-        done = ops.logical_or(ops.logical_or(done, finished), index + 1 >= limits)
-        return index + 1, token_ids, done, cache, scores
+        # Enough candidates that K of them do not end, whichever stop tokens the beams pick.
+        count = min(max(2, 1 + stop_token_ids.shape[0]) * num_beams, num_beams * vocab_size)  # C
+        top_scores, top = ops.top_k(candidates, count)  # (B, C), best first
+        top = ops.cast(top, "int32")
+        tokens = ops.mod(top, vocab_size)  # (B, C)
+        source = ops.arange(examples, dtype="int32")[:, None] * num_beams + ops.floor_divide(top, vocab_size)  # (B, C) rows they extend
+        grown = ops.take(token_ids, ops.reshape(source, (-1,)), axis=0)  # (B*C, W)
+        grown = ops.slice_update(grown, (0, index), ops.reshape(tokens, (-1, 1)))
+
+        def per_example(x):  # (B*K,) -> (B,): every beam of an example holds the same value.
+            return ops.reshape(x, (-1, num_beams))[:, 0]
+
+        prompt_step, example_done = per_example(in_prompt), per_example(done)  # (B,)
+        at_limit = index + 1 >= per_example(limits)  # (B,)
+        stopped = ops.any(tokens[:, :, None] == stop_token_ids[None, None, :], axis=-1)  # (B, C)
+        ends = ops.logical_and(ops.logical_or(stopped, at_limit[:, None]), ops.logical_not(prompt_step)[:, None])
+
+        # The best K candidates that do not end run on.
+        running_scores, picked = ops.top_k(top_scores + ops.cast(ends, "float32") * _IMPOSSIBLE, num_beams)  # (B, K)
+        picked = ops.reshape(ops.arange(examples, dtype="int32")[:, None] * count + ops.cast(picked, "int32"), (-1,))  # (B*K,)
+        token_ids = ops.take(grown, picked, axis=0)  # (B*K, W)
+        origin = ops.take(ops.reshape(source, (-1,)), picked)  # (B*K,)
+        cache = tuple(ops.take(layer, origin, axis=0) for layer in cache)  # (B*K, 2, heads, S, D) each
+
+        # Those of the best K that end join the finished hypotheses, if among the K best so far.
+        new_length = ops.maximum(ops.cast(index + 1 - per_example(prompt_lengths), "float32"), 1.0)  # (B,)
+        penalty = ops.power(new_length, ops.cast(length_penalty, "float32"))  # (B,)
+        joins = ops.logical_and(ends, (ops.arange(count) < num_beams)[None, :])
+        joins = ops.logical_and(joins, ops.logical_and(improvable, ops.logical_not(example_done))[:, None])  # (B, C)
+        merged_scores = ops.concatenate([finished_scores, ops.where(joins, top_scores / penalty[:, None], 2 * _IMPOSSIBLE)], 1)
+        finished_scores, best = ops.top_k(merged_scores, num_beams)  # (B, K), best first
+        best = ops.reshape(ops.arange(examples, dtype="int32")[:, None] * (num_beams + count) + ops.cast(best, "int32"), (-1,))
+        width = ops.shape(token_ids)[1]
+        merged_ids = ops.concatenate([finished_ids, ops.reshape(grown, (examples, count, width))], axis=1)  # (B, K+C, W)
+        finished_ids = ops.reshape(ops.take(ops.reshape(merged_ids, (-1, width)), best, axis=0), (examples, num_beams, width))
+        finished = ops.reshape(ops.take(ops.reshape(ops.concatenate([finished, joins], 1), (-1,)), best), (examples, num_beams))
+
+        # Hugging Face's heuristic: could the best running beam still beat the worst finished one?
+        worst = ops.where(finished, ops.min(finished_scores, axis=1, keepdims=True), _IMPOSSIBLE)  # (B, K)
+        hopeful = ops.any((running_scores[:, 0] / penalty)[:, None] > worst, axis=1)  # (B,)
+        improvable = ops.where(prompt_step, improvable, ops.logical_and(improvable, hopeful))
+        ended = ops.logical_and(ops.logical_not(prompt_step), ops.logical_or(at_limit, ops.logical_not(improvable)))
+        done = ops.repeat(ops.logical_or(example_done, ended), num_beams)  # (B*K,)
+        return index + 1, token_ids, done, cache, (running_scores, finished_ids, finished_scores, finished, improvable)
 
     return body
 
@@ -188,8 +233,8 @@ class _TorchBody:
                 super().__init__()
                 self.model = model  # Registers the parameters with the trace.
 
-            def forward(self, index, token_ids, done, cache, scores, inputs):
-                return body(index, token_ids, done, cache, scores, inputs)
+            def forward(self, index, token_ids, done, cache, beams, inputs):
+                return body(index, token_ids, done, cache, beams, inputs)
 
         self.module = Body(model)
         self.model = model
@@ -285,15 +330,15 @@ class Generator:
 
     def _loop(
         self, body, encoder_token_ids, token_ids, prompt_mask, limits, noise, start, stop_token_ids, prefill_ids=None,
-        num_beams=1,
+        length_penalty=1.0, num_beams=1,
     ):
-        """Prefill, then `body` until every row is done; returns `(token_ids, scores)`.
+        """Prefill, then `body` until every row is done; returns the rows' `token_ids` `(B, L)`.
 
         A GPT's cache is prefilled from `prefill_ids` `(B, P)`, the first P
         tokens of `token_ids` with P at least `start - 1` (the loop rewrites
         every position from `start - 1` on), or from all of `token_ids`.
-        With `num_beams` K > 1 every example becomes K rows (its beams);
-        `token_ids` is then `(B*K, L)` and `scores` `(B, K)`.
+        With `num_beams` K > 1 every example runs as K rows (its beams), and
+        its row of the result is its best finished hypothesis.
         """
         self.trace_count += 1
         model = self.model
@@ -321,28 +366,41 @@ class Generator:
             context += head
         inputs = (prompt_mask, limits, noise, stop_token_ids, context)
         done = ops.zeros((batch,), "bool")
-        first_beam = ops.arange(num_beams) == 0
-        scores = ops.cast(ops.where(first_beam, 0.0, _IMPOSSIBLE), "float32")
-        scores = ops.tile(scores[None, :], (examples, 1))  # (B, K) summed log-probabilities
+        beams = ops.zeros((batch,), "int32")  # Sampling keeps no state of its own (a tensor, as torch traces only those).
+        if num_beams > 1:
+            prompt_lengths = ops.sum(ops.cast(prompt_mask, "int32"), axis=1)  # (B*K,)
+            inputs += ((prompt_lengths, ops.cast(length_penalty, "float32")),)
+            running_scores = ops.cast(ops.where(ops.arange(num_beams) == 0, 0.0, _IMPOSSIBLE), "float32")
+            beams = (
+                ops.tile(running_scores[None, :], (examples, 1)),  # (B, K) summed log-probabilities
+                ops.zeros((examples, num_beams, length), "int32"),  # finished hypotheses
+                ops.full((examples, num_beams), _IMPOSSIBLE, "float32"),  # their length-penalized scores
+                ops.zeros((examples, num_beams), "bool"),  # which of them are filled
+                ops.ones((examples,), "bool"),  # can an example's hypotheses still improve?
+            )
 
-        def cond(index, token_ids, done, cache, scores):
+        def cond(index, token_ids, done, cache, beams):
             return ops.logical_and(index < length, ops.logical_not(ops.all(done)))
 
-        state = (start, token_ids, done, cache, scores)
+        state = (start, token_ids, done, cache, beams)
         if self._torch_body is not None:  # PyTorch: a Python loop over the traced body.
             while bool(cond(*state)):
                 state = self._torch_body(*state, inputs)
         else:
             state = ops.while_loop(cond, lambda *state: body(*state, inputs), state)
-        return state[1], state[4]
+        return state[4][1][:, 0] if num_beams > 1 else state[1]  # (B, L)
 
     # Compilation per backend ------------------------------------------------
+
+    def _pad_token_id(self):
+        """What follows a row's stop token: 0 for a GPT, a T5's or Transformer's pad id."""
+        return 0 if self.kind == "decoder" else self.model.pad_token_id
 
     def _function(self, sampling_key, sampling, num_beams=1):
         key = (sampling_key, num_beams)
         if key in self._compiled:
             return self._compiled[key]
-        pad_token_id = 0 if self.kind == "decoder" else self.model.pad_token_id
+        pad_token_id = self._pad_token_id()
         if num_beams > 1:
             body = _beam_body(self._step(), num_beams, pad_token_id)
         else:
@@ -492,17 +550,19 @@ class Generator:
         start = int(lengths.min())
         # A GPT prefills its shortest prompt's positions (padded too); the loop does the rest.
         prefill_ids = token_ids[:, : padded_length(start, width)] if self.kind == "decoder" else None  # (B, P)
-        result, scores = function(
+        result = function(
             encoder_ids, token_ids, prompt_mask, (lengths + counts).astype("int32"), noise, np.int32(start), stop,
-            prefill_ids,
+            prefill_ids, np.float32(length_penalty),
         )
-        result = keras.ops.convert_to_numpy(result)
+        result = keras.ops.convert_to_numpy(result)  # (B, W)
         new = np.zeros((len(result), int(counts.max())), "int32")
-        for row, (n, count) in enumerate(zip(np.repeat(lengths, num_beams), np.repeat(counts, num_beams))):
+        for row, (n, count) in enumerate(zip(lengths, counts)):
             new[row, :count] = result[row, n : n + count]
-        if num_beams == 1:
-            return new
-        return _best_beams(new, keras.ops.convert_to_numpy(scores), stop, length_penalty)
+            if num_beams > 1:  # A hypothesis that ended early holds zeros past its stop token.
+                stops = np.flatnonzero(np.isin(new[row, :count], stop))
+                if len(stops):
+                    new[row, stops[0] + 1 : count] = self._pad_token_id()
+        return new
 
     def _slide(self, function, prompts, max_new_tokens, window, seed, stop):
         """GPT past its context (`max_sequence_length`): generation in windows, as nanoGPT crops its context.
@@ -573,20 +633,6 @@ def learned_positions_message(model, what):
     return f"{what} must fit the learned positions: at most {limit} tokens (max_sequence_length={limit})."
 
 
-def _best_beams(new, scores, stop, length_penalty):
-    """Each example's best beam by `score / generated_length ** length_penalty`.
-
-    `new` is `(B*K, N)` new tokens, `scores` `(B, K)` summed log-probabilities.
-    A beam's length counts its tokens up to and including its stop token.
-    """
-    examples, num_beams = scores.shape
-    new = new.reshape(examples, num_beams, -1)  # (B, K, N)
-    stops = np.isin(new, stop)
-    lengths = np.where(stops.any(-1), stops.argmax(-1) + 1, new.shape[-1])  # (B, K)
-    best = np.argmax(scores / lengths.astype("float32") ** length_penalty, axis=-1)  # (B,)
-    return new[np.arange(examples), best]
-
-
 def _as_rows(inputs, name, vocab_size, what):
     """Token id rows (a 2-D array or tensor, or a list of lists) as 1-D int32 arrays, checked.
 
@@ -626,17 +672,21 @@ def generate(model, inputs, max_new_tokens=32, **options):
             must fit the context).
         temperature: 0 (default) for greedy decoding; > 0 to sample.
         top_k: sample among the k most likely tokens (0 or None: all).
-        top_p: sample from the smallest set with this probability mass.
+        top_p: sample from the smallest set with this probability mass (of
+            the top k's renormalized distribution when `top_k` is set).
         stop_token_ids: a row ends after emitting one of these; later
             positions hold the pad id (0).
         seed: seeds the sampling; the same seed gives the same tokens.
         start_token_id: first decoder token of T5/Transformer (default: the
             pad id, as T5 does).
-        num_beams: beam search with this many beams per example (1: off).
-            Deterministic; cannot be combined with sampling options.
-        length_penalty: beam search picks the beam with the best
-            `log-probability / length ** length_penalty` (Hugging Face's rule;
-            > 0 favours longer outputs).
+        num_beams: beam search with this many beams per example (1: off),
+            as `transformers`' `generate(num_beams=...)`: a beam that emits a
+            stop token becomes a finished text and leaves its place to the
+            next best running beam. Deterministic; cannot be combined with
+            sampling options.
+        length_penalty: beam search ranks finished texts by
+            `log-probability / new_length ** length_penalty` (Hugging Face's
+            rule; > 0 favours longer outputs).
 
     Returns:
         `(B, max_new_tokens)` int32 numpy array of new tokens (without the

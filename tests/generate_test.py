@@ -334,6 +334,27 @@ def test_filter_and_sample_against_numpy():
         assert int(token[0]) == expected
 
 
+@pytest.mark.parametrize("top_k, top_p", [(3, None), (None, 0.75), (3, 0.75), (10, 0.3), (1, 0.9), (0, 0.5)])
+def test_filter_logits_keeps_the_tokens_of_transformers_warpers(top_k, top_p):
+    """Temperature, then top-k, then top-p over the renormalized top k, as `transformers` samples."""
+    import torch
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = np.random.default_rng(top_k or 7).normal(0, 2, (4, 40)).astype("float32")
+    # At temperature 0.7 the first row's probabilities are (0.5, 0.2, 0.15, 0.1, 0.05, ~0...): its top 3 hold
+    # 0.85, so a nucleus of 0.75 of their renormalized mass is 2 tokens (3 of the whole distribution's).
+    logits[0] = -30.0
+    logits[0, :5] = 0.7 * np.log([0.5, 0.2, 0.15, 0.1, 0.05])
+    reference = TemperatureLogitsWarper(0.7)(None, torch.tensor(logits))
+    if top_k:
+        reference = TopKLogitsWarper(top_k)(None, reference)
+    if top_p is not None:
+        reference = TopPLogitsWarper(top_p)(None, reference)
+    options = {"top_k": None if top_k is None else np.int32(top_k), "top_p": None if top_p is None else np.float32(top_p)}
+    ours = to_numpy(filter_logits(keras.ops.convert_to_tensor(logits / np.float32(0.7)), **options))
+    np.testing.assert_array_equal(ours > -1e8, torch.isfinite(reference).numpy())
+
+
 def test_bad_arguments_are_named():
     model = gpt()
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -402,22 +423,33 @@ def test_generation_follows_weight_updates_after_compiling():
 
 
 def beam_search_by_full_passes(model, prompt, steps, num_beams, stop=(), length_penalty=1.0):
-    """Beam search in numpy over full forward passes (no cache), as documented in `generate`."""
-    beams = [(list(prompt), 0.0, False)]
-    for _ in range(steps):
+    """`transformers`' beam search (`early_stopping=False`) in numpy, over full forward passes (no cache).
+
+    Each step keeps the best `max(2, 1 + len(stop)) * num_beams` continuations
+    of the running beams; those among the best `num_beams` that end (a stop
+    token, or the last step) become finished hypotheses scored
+    `log-probability / new_length ** length_penalty`, the best `num_beams`
+    that do not end run on. The search ends when the best running beam,
+    scored at its length, cannot beat the worst of `num_beams` finished ones.
+    """
+    running = [(list(prompt), 0.0)]
+    finished = []  # (length-penalized score, new tokens)
+    keep = max(2, 1 + len(stop)) * num_beams
+    for length in range(1, steps + 1):
         candidates = []
-        for tokens, score, done in beams:
-            if done:  # A finished beam proposes padding at no cost.
-                candidates.append((tokens + [0], score, True))
-                continue
+        for tokens, score in running:
             logits = to_numpy(model(np.array([tokens], "int32")))[0, -1].astype("float64")
             log_probs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-            for token in np.argsort(-log_probs)[:num_beams]:
-                candidates.append((tokens + [int(token)], score + log_probs[token], int(token) in stop))
-        beams = sorted(candidates, key=lambda beam: -beam[1])[:num_beams]
-    new = [beam[0][len(prompt):] for beam in beams]
-    lengths = [next((i + 1 for i, t in enumerate(n) if t in stop), len(n)) for n in new]
-    return new[int(np.argmax([b[1] / n**length_penalty for b, n in zip(beams, lengths)]))]
+            candidates += [(tokens + [token], score + log_probs[token]) for token in range(len(log_probs))]
+        candidates = sorted(candidates, key=lambda beam: -beam[1])[:keep]
+        ends = [beam[0][-1] in stop or length == steps for beam in candidates]
+        finished += [(score / length**length_penalty, tokens[len(prompt):]) for (tokens, score), end in zip(candidates[:num_beams], ends) if end]
+        finished = sorted(finished, key=lambda hypothesis: -hypothesis[0])[:num_beams]
+        running = [beam for beam, end in zip(candidates, ends) if not end][:num_beams]
+        if len(finished) == num_beams and (not running or running[0][1] / length**length_penalty <= finished[-1][0]):
+            break
+    best = finished[0][1]
+    return best + [0] * (steps - len(best))
 
 
 def chaotic_hf(hf, std=0.3):
@@ -432,7 +464,18 @@ def chaotic_hf(hf, std=0.3):
     return hf
 
 
-def test_gpt2_beam_search_equals_transformers_for_ragged_prompts():
+def ended_with_padding(ids, stop):
+    """`ids` with 0 after each row's first stop token (`transformers` fills with the stop id when the pad id is 0)."""
+    ids = np.array(ids, ndmin=2)
+    for row in ids:
+        ended = np.flatnonzero(np.isin(row, stop))
+        if len(ended):
+            row[ended[0] + 1 :] = 0
+    return ids
+
+
+@pytest.mark.parametrize("stops, length_penalty", [((), 1.0), (((1, 2),), 1.0), (((1, 2), (2, 2)), 0.0), (((1, 2),), 2.0)])
+def test_gpt2_beam_search_equals_transformers_for_ragged_prompts(stops, length_penalty):
     import torch
 
     from kerasformer.convert import from_huggingface
@@ -440,18 +483,25 @@ def test_gpt2_beam_search_equals_transformers_for_ragged_prompts():
 
     hf = chaotic_hf(tiny_gpt2())
     model = from_huggingface(hf)
-    prompts = [[5, 17, 33, 2, 80], [44, 9, 61]]
-    ours = generate(model, prompts, max_new_tokens=10, num_beams=4)
+    prompts = [[5, 17, 33, 2, 80], [44, 9, 61], [12, 70]]
+    free = generate(model, prompts, max_new_tokens=10, num_beams=4)
+    # Stop tokens the beams reach: finished hypotheses leave the running beams, which go on.
+    stop = [int(free[position]) for position in stops]
+    ours = generate(model, prompts, max_new_tokens=10, num_beams=4, stop_token_ids=stop, length_penalty=length_penalty)
     for prompt, row in zip(prompts, ours):
         reference = hf.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            num_beams=4, do_sample=False, max_new_tokens=10, eos_token_id=None, pad_token_id=0,
-        )[0, len(prompt):]
-        np.testing.assert_array_equal(row, reference.numpy())
-    assert not np.array_equal(ours, generate(model, prompts, max_new_tokens=10))  # Beams change the result.
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), num_beams=4,
+            do_sample=False, max_new_tokens=10, eos_token_id=stop or None, pad_token_id=0, length_penalty=length_penalty,
+        )[0, len(prompt):].numpy()
+        np.testing.assert_array_equal(row, np.pad(ended_with_padding(reference, stop)[0], (0, 10 - len(reference))))
+    if stop:
+        assert not np.array_equal(ours, free)  # The stop tokens changed the search.
+    else:
+        assert not np.array_equal(ours, generate(model, prompts, max_new_tokens=10))  # Beams change the result.
 
 
-def test_t5_beam_search_equals_transformers():
+@pytest.mark.parametrize("stops", [0, 1])
+def test_t5_beam_search_equals_transformers(stops):
     import torch
 
     from kerasformer.convert import from_huggingface
@@ -460,11 +510,16 @@ def test_t5_beam_search_equals_transformers():
     hf = chaotic_hf(tiny_t5())
     model = from_huggingface(hf)
     sources = np.random.default_rng(1).integers(2, 103, (3, 7)).astype("int32")
+    free = generate(model, sources, max_new_tokens=8, num_beams=3)
+    stop = [int(free[1, 2])][:stops]
     reference = hf.generate(
         torch.tensor(sources, dtype=torch.long), num_beams=3, do_sample=False, max_new_tokens=8,
-        eos_token_id=None, decoder_start_token_id=0,
-    )[:, 1:]
-    np.testing.assert_array_equal(generate(model, sources, max_new_tokens=8, num_beams=3), reference.numpy())
+        eos_token_id=stop or None, decoder_start_token_id=0, pad_token_id=0,
+    )[:, 1:].numpy()
+    reference = np.pad(ended_with_padding(reference, stop), [(0, 0), (0, 8 - reference.shape[1])])
+    ours = generate(model, sources, max_new_tokens=8, num_beams=3, stop_token_ids=stop)
+    np.testing.assert_array_equal(ours, reference)
+    assert np.array_equal(ours, free) == (not stop)  # The stop token changed the search.
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 2.0])
@@ -481,6 +536,16 @@ def test_beam_search_with_stop_tokens_equals_numpy_full_passes(length_penalty):
         ended = [i for i, t in enumerate(row) if t in stop]
         if ended:
             assert np.all(row[ended[0] + 1 :] == 0)  # Padding after the stop token.
+
+
+def test_beam_search_pads_with_the_models_pad_id():
+    model = seq2seq(Transformer, pad_token_id=3)
+    sources = [[5, 6, 7, 8], [9, 10]]
+    free = generate(model, sources, max_new_tokens=6, num_beams=2, start_token_id=1)
+    stop = int(free[0, 1])
+    ours = generate(model, sources, max_new_tokens=6, num_beams=2, start_token_id=1, stop_token_ids=stop)
+    ended = int(np.flatnonzero(ours[0] == stop)[0])
+    assert ended <= 1 and np.all(ours[0, ended + 1 :] == 3)
 
 
 def test_beam_search_compiles_once_and_rejects_sampling_options():

@@ -113,6 +113,8 @@ def test_train_cli_runs_logs_plots_evaluates_and_generates(tmp_path, capsys):
     capsys.readouterr()
     main(["generate", str(run_dir), "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", "6"])
     assert capsys.readouterr().out == alone[0] + "\n\n" + alone[1] + "\n"
+    main(["generate", str(run_dir), "--prompt", prompts[0], "--max-new-tokens", "9", "--num-beams", "3", "--length-penalty", "0"])
+    assert capsys.readouterr().out == generate_text(str(run_dir), prompts[0], max_new_tokens=9, num_beams=3, length_penalty=0.0) + "\n"
     # A bad request is one line naming the argument, not a traceback.
     command, env = cli("generate", str(run_dir), "--prompt", "the cat", "--top-p", "1.5")
     result = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -317,6 +319,9 @@ def test_other_tasks_train_and_report_their_score(task, metric, overrides, tmp_p
             assert filled == " ".join(expected)
         with pytest.raises(ValueError, match=r"`prompt` 'no mask here' has no \[MASK\] to fill"):
             generate_text(str(tmp_path / task), "no mask here")
+        for option in ({"num_beams": 2}, {"length_penalty": 2.0}, {"temperature": 0.5}):
+            with pytest.raises(ValueError, match="fills each \\[MASK\\] with its most likely token"):
+                generate_text(str(tmp_path / task), texts[0], **option)
     else:  # A batch of sources of different lengths (padded, masked) gives each one's text alone.
         sources = ["1 2", "3 0 4 7"]  # Digits to number words.
         alone = [generate_text(str(tmp_path / task), source, max_new_tokens=8) for source in sources]
