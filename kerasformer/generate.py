@@ -477,6 +477,8 @@ class Generator:
         for token_id in stop_token_ids:
             check_int("stop_token_ids", token_id, high=vocab_size)  # An id past the vocabulary would never stop a row.
         check_int("start_token_id", start_token_id, high=vocab_size, none_ok=True)
+        if self.kind == "decoder" and start_token_id is not None:  # It would be ignored: a GPT continues its prompt.
+            raise ValueError("`start_token_id` starts a T5's or Transformer's decoder; a GPT continues its prompt: leave it unset.")
         greedy = temperature == 0
         use_top_k = not greedy and bool(top_k)
         use_top_p = not greedy and top_p not in (None, 1.0)

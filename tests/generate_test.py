@@ -385,6 +385,8 @@ def test_bad_arguments_are_named():
         generate(model, [[1, 2]], max_new_tokens=63, num_beams=2)
     with pytest.raises(ValueError, match="vocab_size=50"):
         generate(model, [[1, 50]])
+    with pytest.raises(ValueError, match="`start_token_id` starts a T5's or Transformer's decoder; a GPT continues its prompt"):
+        generate(model, [[1, 2]], start_token_id=1)  # Was ignored.
     with pytest.raises(ValueError, match="inputs"):
         generate(model, [1, 2, 3])
     # Ids are checked before any cast: floats are refused, not truncated,
