@@ -143,7 +143,7 @@ def _beam_body(step, num_beams, pad_token_id):
 
     The state's last part is `(running_scores (B, K), finished_ids (B, K, W),
     finished_scores (B, K), finished (B, K), improvable (B,))`; `inputs` ends
-    with `(prompt_lengths (B*K,), length_penalty)`.
+    with `(prompt_lengths (B,), length_penalty)`.
     """
 
     def body(index, token_ids, done, cache, beams, inputs):
@@ -185,7 +185,7 @@ def _beam_body(step, num_beams, pad_token_id):
         cache = tuple(ops.take(layer, origin, axis=0) for layer in cache)  # (B*K, 2, heads, S, D) each
 
         # Those of the best K that end join the finished hypotheses, if among the K best so far.
-        new_length = ops.maximum(ops.cast(index + 1 - per_example(prompt_lengths), "float32"), 1.0)  # (B,)
+        new_length = ops.maximum(ops.cast(index + 1 - prompt_lengths, "float32"), 1.0)  # (B,)
         penalty = ops.power(new_length, ops.cast(length_penalty, "float32"))  # (B,)
         joins = ops.logical_and(ends, (ops.arange(count) < num_beams)[None, :])
         joins = ops.logical_and(joins, ops.logical_and(improvable, ops.logical_not(example_done))[:, None])  # (B, C)
@@ -368,7 +368,7 @@ class Generator:
         done = ops.zeros((batch,), "bool")
         beams = ops.zeros((batch,), "int32")  # Sampling keeps no state of its own (a tensor, as torch traces only those).
         if num_beams > 1:
-            prompt_lengths = ops.sum(ops.cast(prompt_mask, "int32"), axis=1)  # (B*K,)
+            prompt_lengths = ops.sum(ops.cast(prompt_mask, "int32"), axis=1)[::num_beams]  # (B,)
             inputs += ((prompt_lengths, ops.cast(length_penalty, "float32")),)
             running_scores = ops.cast(ops.where(ops.arange(num_beams) == 0, 0.0, _IMPOSSIBLE), "float32")
             beams = (
@@ -518,7 +518,8 @@ class Generator:
         for row, source in enumerate(sources):
             encoder_ids[row, : len(source)] = source
         lengths = np.ones((encoder_ids.shape[0],), "int32")
-        token_ids = np.zeros((encoder_ids.shape[0], 1 + max_new_tokens), "int32")
+        # Positions no token is written to (after a stop token) keep the pad id.
+        token_ids = np.full((encoder_ids.shape[0], 1 + max_new_tokens), model.pad_token_id, "int32")
         token_ids[:, 0] = model.pad_token_id if start_token_id is None else start_token_id
         return self._run(function, encoder_ids, token_ids, lengths, max_new_tokens, seed, stop, num_beams, length_penalty)
 
@@ -543,7 +544,7 @@ class Generator:
         batch, total = token_ids.shape
         limit = self.model.max_sequence_length if self.kind == "decoder" else learned_position_limit(self.model)
         width = padded_length(total, limit)  # Rows end at their limits, not at the buffer's end.
-        token_ids = np.pad(token_ids, [(0, 0), (0, width - total)])  # (B, W)
+        token_ids = np.pad(token_ids, [(0, 0), (0, width - total)], constant_values=self._pad_token_id())  # (B, W)
         counts = np.broadcast_to(np.asarray(max_new_tokens, "int32"), lengths.shape)
         prompt_mask = np.arange(width)[None, :] < lengths[:, None]  # (B, W)
         # Drawn at the unpadded shape: the same seed gives the same tokens at any padding.
@@ -560,10 +561,6 @@ class Generator:
         new = np.zeros((len(result), int(counts.max())), "int32")
         for row, (n, count) in enumerate(zip(lengths, counts)):
             new[row, :count] = result[row, n : n + count]
-            if num_beams > 1:  # A hypothesis that ended early holds zeros past its stop token.
-                stops = np.flatnonzero(np.isin(new[row, :count], stop))
-                if len(stops):
-                    new[row, stops[0] + 1 : count] = self._pad_token_id()
         return new
 
     def _slide(self, function, prompts, max_new_tokens, window, seed, stop):
