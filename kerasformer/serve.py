@@ -27,7 +27,9 @@ stop token, seed 0), a padding mask (ones, or, for rows of token ids of
 different lengths, the mask of those rows padded with 0) and segment ids of
 zeros. So `{"signature_name": "generate_text", "inputs": {"text": ["ROMEO:"]}}`
 and `{"signature_name": "generate", "instances": [[5, 6, 7], [8]]}` are whole
-requests.
+requests. Also unlike TF Serving, which drops keys it does not read, a key
+beside "signature_name", "instances" and "inputs" is refused by name: an
+option put there would otherwise be answered as if it were left out.
 """
 
 import json
@@ -137,6 +139,14 @@ class ServedModel:
             raise RequestError(f"Unknown signature_name {signature_name!r}; this model has {sorted(self.signatures)}.")
         function = self.signatures[signature_name]
         specs = function.structured_input_signature[1]
+        # TF Serving reads only these keys and drops the rest: a "temperature" put beside
+        # "inputs" would be a greedy answer to a request for sampling.
+        stray = sorted(set(request) - {"signature_name", "instances", "inputs"})
+        if stray:
+            inputs = [key for key in stray if key in specs]
+            raise RequestError(
+                f"Unknown keys {stray} in the request; it holds \"signature_name\" and \"instances\" or \"inputs\"."
+                + (f" {inputs} are inputs of {signature_name!r}: put them in \"inputs\" (or in each instance)." if inputs else ""))
         rows = "instances" in request
         if rows == ("inputs" in request):
             raise RequestError('The request needs exactly one of "instances" (row format) or "inputs" (columnar format).')

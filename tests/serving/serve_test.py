@@ -198,6 +198,12 @@ def test_odd_json_is_named(server):
         400, {"error": "Input 'token_ids' must hold numbers of dtype int32 (rows of equal length)."})
     assert call(port, "POST", "/v1/models/tiny:predict", raw=b'{"signature_name": "generate_text", "inputs": {"text": ["ab\\ud800"]}}') == (
         400, {"error": "Input 'text' must hold strings of Unicode characters."})
+    # TF Serving drops keys it does not read: an option beside "inputs" would be answered without it.
+    assert call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "generate", "instances": [[5, 6]], "temperature": 1.0}) == (
+        400, {"error": 'Unknown keys [\'temperature\'] in the request; it holds "signature_name" and "instances" or "inputs".'
+              " ['temperature'] are inputs of 'generate': put them in \"inputs\" (or in each instance)."})
+    assert call(port, "POST", "/v1/models/tiny:predict", {**GOOD, "instance": [[5]]}) == (
+        400, {"error": 'Unknown keys [\'instance\'] in the request; it holds "signature_name" and "instances" or "inputs".'})
 
 
 @pytest.mark.parametrize("name,request_body,message", [
