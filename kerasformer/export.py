@@ -14,13 +14,16 @@ are traced (any other Keras model gets Keras's own `serve` and
   tokens, temperature, top-k, top-p, seed, stop token ids -> generated ids,
   the KV-cached loop running inside the graph (a GPT past its context in
   the windows of `kerasformer.generate`);
+- `beam_search` (GPT, T5, Transformer): prompt ids + padding mask, max new
+  tokens, number of beams, length penalty, stop token ids -> the ids of
+  `generate(num_beams=...)`, `transformers`' beam search (one beam: greedy);
 - `fill_mask`, `embed` (BERT masked LM), `classify`, `embed` (BERT
   classifier);
 - `serve`, the endpoint of Keras's `model.export` (not a signature): the
   model's inputs as it takes them -> its outputs, so that
   `tf.saved_model.load(path).serve(inputs)` works as for any Keras export;
   our models' `model.export(path)` writes this SavedModel on every backend;
-- with a KerasHub tokenizer: `generate_text` (GPT, T5, Transformer) and
+- with a KerasHub tokenizer: `generate_text` and `beam_search_text` (GPT, T5, Transformer) and
   `fill_mask_text` (each "[MASK]" of the text filled with the predicted
   token) / `classify_text` (BERT; rows read as `[CLS] text [SEP]`, as
   `kerasformer train bert` writes them), strings in and out, the tokenizer
@@ -31,7 +34,8 @@ into place at the end, so a failed export never leaves a half-written folder.
 Batch and sequence dimensions are dynamic. A signature takes every input
 (TF Serving has no optional inputs); `kerasformer.json` beside it records the
 values `kerasformer serve` fills in for the generation options a request
-leaves out (`DEFAULTS`: greedy, all tokens, no stop token, 32 new tokens).
+leaves out (`DEFAULTS`: greedy, all tokens, no stop token, 32 new tokens;
+4 beams and a length penalty of 1 for `beam_search`).
 """
 
 import json
@@ -45,7 +49,9 @@ import keras
 
 # What `kerasformer serve` uses for an option a request leaves out: greedy
 # decoding of 32 tokens (as `generate`), no top-k / top-p filter, no stop token.
-DEFAULTS = {"max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "stop_token_ids": []}
+# `beam_search`: 4 beams, as transformers' translation configs, ranked by log-probability / length.
+DEFAULTS = {"max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "stop_token_ids": [],
+            "num_beams": 4, "length_penalty": 1.0}
 
 
 def export(model, path, tokenizer=None):
@@ -197,6 +203,7 @@ def build_signatures(model, tokenizer=None):
     ids = lambda name: tf.TensorSpec([None, None], tf.int32, name=name)  # noqa: E731
     scalar = lambda dtype, name: tf.TensorSpec([], dtype, name=name)  # noqa: E731
     sampling_spec = _option_specs(stop_token_ids=True)
+    beam_spec = _beam_option_specs(stop_token_ids=True)
     signatures = {}
 
     if isinstance(model, GPT):
@@ -212,7 +219,12 @@ def build_signatures(model, tokenizer=None):
             options = _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
             return {"generated_ids": _generate_in_graph(model, token_ids, padding_mask, *options)}
 
-        signatures.update(serving_default=serving_default, generate=generate)
+        @tf.function(input_signature=[ids("token_ids"), ids("padding_mask"), *beam_spec])
+        def beam_search(token_ids, padding_mask, max_new_tokens, num_beams, length_penalty, stop_token_ids):
+            options = _checked_beam_options(max_new_tokens, num_beams, length_penalty)
+            return {"generated_ids": _beam_search_in_graph(model, token_ids, padding_mask, *options, stop_token_ids)}
+
+        signatures.update(serving_default=serving_default, generate=generate, beam_search=beam_search)
 
     elif isinstance(model, EncoderDecoderModel):
         pad = model.pad_token_id
@@ -239,7 +251,18 @@ def build_signatures(model, tokenizer=None):
             options = _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
             return {"generated_ids": _seq2seq_generate_in_graph(model, encoder_token_ids, *options, start_token_id)}
 
-        signatures.update(serving_default=serving_default, generate=generate)
+        @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), *beam_spec,
+                                      scalar(tf.int32, "start_token_id")])
+        def beam_search(encoder_token_ids, encoder_padding_mask, max_new_tokens, num_beams, length_penalty, stop_token_ids,
+                        start_token_id):
+            checks = _fits_positions(model, tf.shape(encoder_token_ids)[1], "`encoder_token_ids`")
+            checks += _fits_positions(model, max_new_tokens, "`max_new_tokens`")
+            encoder_token_ids, encoder_padding_mask = _after(checks, encoder_token_ids, encoder_padding_mask)
+            encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
+            options = _checked_beam_options(max_new_tokens, num_beams, length_penalty)
+            return {"generated_ids": _seq2seq_beam_search_in_graph(model, encoder_token_ids, *options, stop_token_ids, start_token_id)}
+
+        signatures.update(serving_default=serving_default, generate=generate, beam_search=beam_search)
 
     elif isinstance(model, (BERT, BERTMaskedLM, BERTClassifier)):
         backbone = getattr(model, "backbone", model)
@@ -341,6 +364,15 @@ def _option_specs(stop_token_ids):
     return specs + [tf.TensorSpec([None], tf.int32, "stop_token_ids")] if stop_token_ids else specs
 
 
+def _beam_option_specs(stop_token_ids):
+    """The specs of `beam_search`'s options, in the order they follow the prompt; `DEFAULTS` has their defaults."""
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec([], dtype, name) for name, dtype in
+             [("max_new_tokens", tf.int32), ("num_beams", tf.int32), ("length_penalty", tf.float32)]]
+    return specs + [tf.TensorSpec([None], tf.int32, "stop_token_ids")] if stop_token_ids else specs
+
+
 def _fits_positions(model, length, what):
     """In-graph checks that `length` tokens fit `model`'s learned position table, if it has one.
 
@@ -396,6 +428,18 @@ def _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token
     # The loop compares each new token with every entry: -1, which none equals, lets the list be empty.
     stop_token_ids = tf.concat([stop_token_ids, [-1]], axis=0)
     return _after(checks, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
+
+
+def _checked_beam_options(max_new_tokens, num_beams, length_penalty):
+    """Beam search's options, once in-graph checks of their ranges have passed (the messages of `generate`'s)."""
+    import tensorflow as tf
+
+    checks = [
+        tf.debugging.assert_greater_equal(max_new_tokens, 1, message="`max_new_tokens` must be at least 1."),
+        tf.debugging.assert_greater_equal(num_beams, 1, message="`num_beams` must be at least 1."),
+        tf.debugging.assert_less(tf.abs(length_penalty), float("inf"), message="`length_penalty` must be a finite number."),
+    ]
+    return _after(checks, max_new_tokens, num_beams, length_penalty)
 
 
 def _sampling(temperature, top_k, top_p):
@@ -469,22 +513,88 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
 
 def _seq2seq_generate_in_graph(model, encoder_token_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                start_token_id):
-    import tensorflow as tf
-
     from kerasformer.generate import Generator, _loop_body
 
     generator = Generator(model)
+    body = _loop_body(generator._step(), _sampling(temperature, top_k, top_p), model.pad_token_id)
+    return _seq2seq_loop_in_graph(generator, body, encoder_token_ids, max_new_tokens, stop_token_ids, start_token_id, seed)
+
+
+def _seq2seq_loop_in_graph(generator, body, encoder_token_ids, max_new_tokens, stop_token_ids, start_token_id, seed=0,
+                           length_penalty=1.0, num_beams=1):
+    """The new tokens `(B, N)` of `body`'s loop from each row's start token, a row past its stop token padded."""
+    import tensorflow as tf
+
     batch = tf.shape(encoder_token_ids)[0]
     total = 1 + max_new_tokens
-    buffer = tf.concat([tf.fill([batch, 1], start_token_id), tf.zeros([batch, max_new_tokens], tf.int32)], axis=1)
+    # Positions after a stop token keep the pad id, as in `generate` (the loop may end before it writes them).
+    buffer = tf.concat([tf.fill([batch, 1], start_token_id), tf.fill([batch, max_new_tokens], generator.model.pad_token_id)], 1)
     prompt_mask = tf.broadcast_to(tf.range(total)[None, :] < 1, [batch, total])
     limits = tf.fill([batch], total)
-    body = _loop_body(generator._step(), _sampling(temperature, top_k, top_p), model.pad_token_id)
     result = generator._loop(
-        body, encoder_token_ids, buffer, prompt_mask, limits,
-        _noise(batch, total, seed), tf.constant(1), stop_token_ids,
+        body, encoder_token_ids, buffer, prompt_mask, limits, _noise(batch, total, seed), tf.constant(1), stop_token_ids,
+        length_penalty=length_penalty, num_beams=num_beams,
     )
     return result[:, 1:]
+
+
+def _beams_or_greedy(generator, num_beams, run):
+    """`run(body, num_beams)` with `transformers`' beam search for K > 1 beams, greedy for one (as `generate`)."""
+    import tensorflow as tf
+
+    from kerasformer.generate import _beam_body, _loop_body
+
+    pad = generator._pad_token_id()
+    greedy = {"greedy": True, "temperature": 0.0, "top_k": None, "top_p": None}
+    return tf.cond(
+        num_beams > 1,
+        lambda: run(_beam_body(generator._step(), num_beams, pad), num_beams),
+        lambda: run(_loop_body(generator._step(), greedy, pad), 1),
+    )
+
+
+def _seq2seq_beam_search_in_graph(model, encoder_token_ids, max_new_tokens, num_beams, length_penalty, stop_token_ids,
+                                  start_token_id):
+    from kerasformer.generate import Generator
+
+    generator = Generator(model)
+    return _beams_or_greedy(generator, num_beams, lambda body, beams: _seq2seq_loop_in_graph(
+        generator, body, encoder_token_ids, max_new_tokens, stop_token_ids, start_token_id,
+        length_penalty=length_penalty, num_beams=beams))
+
+
+def _beam_search_in_graph(model, token_ids, padding_mask, max_new_tokens, num_beams, length_penalty, stop_token_ids):
+    """A GPT's beam search in the graph: prompt and new tokens within the context, as `generate` requires."""
+    import tensorflow as tf
+
+    from kerasformer.generate import Generator
+
+    generator = Generator(model)
+    context = model.max_sequence_length
+    prompt = tf.ragged.boolean_mask(token_ids, padding_mask > 0)  # (B, None); left-padded rows read as right-padded
+    token_ids, lengths = prompt.to_tensor(default_value=0), tf.cast(prompt.row_lengths(), tf.int32)  # (B, P), (B,)
+    checks = [
+        tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
+        tf.debugging.assert_less_equal(
+            tf.shape(token_ids)[1] + max_new_tokens, context,
+            message=f"Beam search must fit the context: the longest prompt + `max_new_tokens` must be at most "
+                    f"max_sequence_length={context}."),
+    ]
+    token_ids, lengths, max_new_tokens = _after(checks, token_ids, lengths, max_new_tokens)
+    batch = tf.shape(token_ids)[0]
+    buffer = tf.pad(token_ids, [[0, 0], [0, max_new_tokens]])  # (B, P + N)
+    total = tf.shape(buffer)[1]
+    prompt_mask = tf.range(total)[None, :] < lengths[:, None]  # (B, P + N)
+    start = tf.reduce_min(lengths)
+
+    def run(body, beams):
+        return generator._loop(
+            body, tf.zeros([batch, 1], tf.int32), buffer, prompt_mask, lengths + max_new_tokens, tf.zeros([batch, total]),
+            start, stop_token_ids, buffer[:, :start], length_penalty, beams,
+        )  # (B, P + N)
+
+    result = _beams_or_greedy(generator, num_beams, run)
+    return tf.gather(result, lengths[:, None] + tf.range(max_new_tokens)[None, :], batch_dims=1)  # (B, N) after each prompt
 
 
 def _text_signatures(model, tokenizer, signatures):
@@ -498,6 +608,7 @@ def _text_signatures(model, tokenizer, signatures):
 
     text = tf.TensorSpec([None], tf.string, name="text")
     text_sampling_spec = _option_specs(stop_token_ids=False)  # A seq2seq text ends at the model's end token.
+    text_beam_spec = _beam_option_specs(stop_token_ids=False)
 
     limit = data.codepoint_limit(tokenizer)
 
@@ -530,11 +641,11 @@ def _text_signatures(model, tokenizer, signatures):
     out = {}
     if isinstance(model, GPT):
 
-        @tf.function(input_signature=[text, *text_sampling_spec])
-        def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
+        no_stop = tf.zeros([0], tf.int32)
+
+        def continued(text, new_ids):  # `new_ids(token_ids, padding_mask)` -> (B, N) new ids; -> each text continued
             prompt = nonempty(tokens(text))  # (B, None) ragged
-            no_stop = tf.zeros([0], tf.int32)
-            new = signatures["generate"](*padded(prompt), max_new_tokens, temperature, top_k, top_p, seed, no_stop)["generated_ids"]
+            new = new_ids(*padded(prompt))
             # As `data.continuation`: decoded with the prompt's ids, so that
             # word and subword tokenizers place the joining space.
             new = before_first(new, 0)  # Text ends at a pad id, as `data.decode`.
@@ -542,26 +653,45 @@ def _text_signatures(model, tokenizer, signatures):
             start = tf.strings.length(tokenizer.detokenize(prompt))
             return {"text": tf.strings.join([text, tf.strings.substr(whole, start, tf.strings.length(whole) - start)])}
 
-        out["generate_text"] = generate_text
+        @tf.function(input_signature=[text, *text_sampling_spec])
+        def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
+            return continued(text, lambda token_ids, mask: signatures["generate"](
+                token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, no_stop)["generated_ids"])
+
+        @tf.function(input_signature=[text, *text_beam_spec])
+        def beam_search_text(text, max_new_tokens, num_beams, length_penalty):
+            return continued(text, lambda token_ids, mask: signatures["beam_search"](
+                token_ids, mask, max_new_tokens, num_beams, length_penalty, no_stop)["generated_ids"])
+
+        out.update(generate_text=generate_text, beam_search_text=beam_search_text)
     elif isinstance(model, EncoderDecoderModel):
         start, end = data.SPECIAL_TOKENS.index(data.START), data.SPECIAL_TOKENS.index(data.END)
 
-        @tf.function(input_signature=[text, *text_sampling_spec])
-        def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
+        def transformed(text, max_new_tokens, new_ids):  # `new_ids(token_ids, padding_mask, max_new_tokens)` -> (B, N)
             token_ids, mask = tokenize(text)
             token_ids, mask = _after(_fits_positions(model, tf.shape(token_ids)[1], "Each `text`"), token_ids, mask)
             limit = learned_position_limit(model)
             if limit is not None:  # As `kerasformer generate`: the text ends by the table's end.
                 max_new_tokens = tf.minimum(max_new_tokens, limit)
             # The loop ends once every row has its end token.
-            new = signatures["generate"](token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, [end], start)["generated_ids"]
+            new = new_ids(token_ids, mask, max_new_tokens)
             # As `data.decode_target`: up to the first end or pad id, without control tokens.
             control = tf.constant([data.SPECIAL_TOKENS.index(t) for t in data.CONTROL_TOKENS], new.dtype)
             ended = tf.cumsum(tf.cast(tf.equal(new, end) | tf.equal(new, 0), tf.int32), axis=1) > 0  # (B, T)
             is_control = tf.reduce_any(tf.equal(new[:, :, None], control), axis=-1)  # (B, T)
             return {"text": tokenizer.detokenize(tf.ragged.boolean_mask(new, ~ended & ~is_control))}
 
-        out["generate_text"] = generate_text
+        @tf.function(input_signature=[text, *text_sampling_spec])
+        def generate_text(text, max_new_tokens, temperature, top_k, top_p, seed):
+            return transformed(text, max_new_tokens, lambda token_ids, mask, max_new_tokens: signatures["generate"](
+                token_ids, mask, max_new_tokens, temperature, top_k, top_p, seed, [end], start)["generated_ids"])
+
+        @tf.function(input_signature=[text, *text_beam_spec])
+        def beam_search_text(text, max_new_tokens, num_beams, length_penalty):
+            return transformed(text, max_new_tokens, lambda token_ids, mask, max_new_tokens: signatures["beam_search"](
+                token_ids, mask, max_new_tokens, num_beams, length_penalty, [end], start)["generated_ids"])
+
+        out.update(generate_text=generate_text, beam_search_text=beam_search_text)
     elif isinstance(model, (BERTMaskedLM, BERTClassifier)):
         cls, sep, mask_id = (data.SPECIAL_TOKENS.index(t) for t in (data.CLS, data.SEP, data.MASK))
 

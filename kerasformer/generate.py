@@ -161,7 +161,12 @@ def _beam_body(step, num_beams, pad_token_id):
         candidates = ops.reshape(running_scores, (-1, 1)) + log_probs  # (B*K, V)
         candidates = ops.reshape(candidates, (-1, num_beams * vocab_size))  # (B, K*V)
         # Enough candidates that K of them do not end, whichever stop tokens the beams pick.
-        count = min(max(2, 1 + stop_token_ids.shape[0]) * num_beams, num_beams * vocab_size)  # C
+        stops = stop_token_ids.shape[0]
+        if isinstance(stops, int) and isinstance(num_beams, int):
+            count = min(max(2, 1 + stops) * num_beams, num_beams * vocab_size)  # C
+        else:  # An exported signature's request gives K and the stop ids.
+            stops = ops.shape(stop_token_ids)[0]
+            count = ops.minimum(ops.maximum(2, 1 + stops) * num_beams, num_beams * vocab_size)
         top_scores, top = ops.top_k(candidates, count)  # (B, C), best first
         top = ops.cast(top, "int32")
         tokens = ops.mod(top, vocab_size)  # (B, C)
@@ -200,12 +205,18 @@ def _beam_body(step, num_beams, pad_token_id):
         # Hugging Face's heuristic: could the best running beam still beat the worst finished one?
         worst = ops.where(finished, ops.min(finished_scores, axis=1, keepdims=True), _IMPOSSIBLE)  # (B, K)
         hopeful = ops.any((running_scores[:, 0] / penalty)[:, None] > worst, axis=1)  # (B,)
-        improvable = ops.where(prompt_step, improvable, ops.logical_and(improvable, hopeful))
+        # (B,): the reshape keeps the rank known to TF's loop when K is a tensor (an exported signature's input).
+        improvable = ops.reshape(ops.where(prompt_step, improvable, ops.logical_and(improvable, hopeful)), (-1,))
         ended = ops.logical_and(ops.logical_not(prompt_step), ops.logical_or(at_limit, ops.logical_not(improvable)))
         done = ops.repeat(ops.logical_or(example_done, ended), num_beams)  # (B*K,)
         return index + 1, token_ids, done, cache, (running_scores, finished_ids, finished_scores, finished, improvable)
 
     return body
+
+
+def _is_beam_search(num_beams):
+    """Beam search for K > 1 beams; a tensor K (an exported signature's input) always takes the beam loop."""
+    return not isinstance(num_beams, numbers.Integral) or num_beams > 1
 
 
 class _TorchBody:
@@ -338,13 +349,16 @@ class Generator:
         tokens of `token_ids` with P at least `start - 1` (the loop rewrites
         every position from `start - 1` on), or from all of `token_ids`.
         With `num_beams` K > 1 every example runs as K rows (its beams), and
-        its row of the result is its best finished hypothesis.
+        its row of the result is its best finished hypothesis; K may be a
+        scalar tensor (the exported `beam_search`'s input), where shapes
+        are dynamic anyway.
         """
         self.trace_count += 1
         model = self.model
         examples = ops.shape(token_ids)[0]
         prefill_ids = token_ids if prefill_ids is None else prefill_ids
-        if num_beams > 1:
+        beam = _is_beam_search(num_beams)
+        if beam:
             repeat = lambda x: ops.repeat(x, num_beams, axis=0)  # noqa: E731
             token_ids, prompt_mask, limits, noise, prefill_ids = map(
                 repeat, (token_ids, prompt_mask, limits, noise, prefill_ids)
@@ -361,13 +375,13 @@ class Generator:
         else:
             encoder_outputs, encoder_mask = model.encode(encoder_token_ids)
             context = (encoder_mask, model.cross_attention_cache(encoder_outputs))
-            if num_beams > 1:  # Encoded once per example; its beams share it.
+            if beam:  # Encoded once per example; its beams share it.
                 context = keras.tree.map_structure(repeat, context)
             context += head
         inputs = (prompt_mask, limits, noise, stop_token_ids, context)
         done = ops.zeros((batch,), "bool")
         beams = ops.zeros((batch,), "int32")  # Sampling keeps no state of its own (a tensor, as torch traces only those).
-        if num_beams > 1:
+        if beam:
             prompt_lengths = ops.sum(ops.cast(prompt_mask, "int32"), axis=1)[::num_beams]  # (B,)
             inputs += ((prompt_lengths, ops.cast(length_penalty, "float32")),)
             running_scores = ops.cast(ops.where(ops.arange(num_beams) == 0, 0.0, _IMPOSSIBLE), "float32")
@@ -388,7 +402,7 @@ class Generator:
                 state = self._torch_body(*state, inputs)
         else:
             state = ops.while_loop(cond, lambda *state: body(*state, inputs), state)
-        return state[4][1][:, 0] if num_beams > 1 else state[1]  # (B, L)
+        return state[4][1][:, 0] if beam else state[1]  # (B, L)
 
     # Compilation per backend ------------------------------------------------
 

@@ -23,7 +23,7 @@ request cannot take all the server's memory.
 Unlike TF Serving, which needs every input, this server fills in what a
 request leaves out where the default is plain: the generation options from
 the export's `kerasformer.json` (greedy, 32 new tokens, no top-k / top-p, no
-stop token, seed 0), a padding mask (ones, or, for rows of token ids of
+stop token, seed 0; 4 beams and a length penalty of 1 for beam search), a padding mask (ones, or, for rows of token ids of
 different lengths, the mask of those rows padded with 0) and segment ids of
 zeros. So `{"signature_name": "generate_text", "inputs": {"text": ["ROMEO:"]}}`
 and `{"signature_name": "generate", "instances": [[5, 6, 7], [8]]}` are whole
@@ -193,11 +193,12 @@ class ServedModel:
             elif name.endswith("token_ids") and tensor.shape.rank == 2:
                 rows, length = max(rows, tensor.shape[0]), length + tensor.shape[1]
         new = int(tensors["max_new_tokens"]) if "max_new_tokens" in tensors else 0
-        tokens = rows * (length + new)
+        beams = max(int(tensors["num_beams"]), 1) if "num_beams" in tensors else 1  # Each beam is a row of its own.
+        tokens = rows * beams * (length + new)
         if tokens > self.max_tokens:
             raise RequestError(
-                f"The request holds {rows} rows of up to {length} tokens{f' + {new} new' if new else ''}, "
-                f"{tokens} tokens; this server takes at most {self.max_tokens} (`--max-tokens`).", 413)
+                f"The request holds {rows} rows{f' x {beams} beams' if beams > 1 else ''} of up to {length} tokens"
+                f"{f' + {new} new' if new else ''}, {tokens} tokens; this server takes at most {self.max_tokens} (`--max-tokens`).", 413)
         for name, spec in function.structured_outputs.items():
             # Unknown dimensions: rows first, then the tokens of a row.
             shape = [rows if i == 0 else (length + new if d is None else d) for i, d in enumerate(spec.shape.as_list())]

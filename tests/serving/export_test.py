@@ -214,6 +214,90 @@ def test_t5_export_matches_logits_and_greedy_generation(tmp_path):
     np.testing.assert_array_equal(np.array(results["generate"]["generated_ids"]), generate(model, encoder, max_new_tokens=5, start_token_id=1))
 
 
+def test_exported_gpt2_beam_search_equals_transformers(tmp_path):
+    import torch
+
+    from kerasformer.convert import from_huggingface
+    from tests.generate_test import chaotic_hf, ended_with_padding
+    from tests.models.convert_test import tiny_gpt2
+
+    hf = chaotic_hf(tiny_gpt2())  # 32 positions
+    model = from_huggingface(hf)
+    path = export(model, tmp_path / "gpt2")
+    prompts = [[5, 17, 33, 2, 80], [44, 9, 61], [12, 70]]
+    stop = [int(generate(model, prompts, max_new_tokens=10, num_beams=4)[1, 2])]  # A token the beams reach.
+    ids = data.pad_batch(prompts)
+    left = np.stack([np.roll(row, (row == 0).sum()) for row in ids])  # Padded on the left, as Hugging Face pads.
+    request = {"token_ids": ids.tolist(), "padding_mask": (ids != 0).astype("int32").tolist(), "max_new_tokens": 10,
+               "num_beams": 4, "length_penalty": 2.0, "stop_token_ids": stop}
+    results = run_saved_model(path, {
+        "beam_search": request,
+        "beam_search#left": {**request, "token_ids": left.tolist(), "padding_mask": (left != 0).astype("int32").tolist()},
+        "beam_search#no_stop": {**request, "stop_token_ids": [], "length_penalty": 1.0},
+        "beam_search#one_beam": {**request, "num_beams": 1},
+        "beam_search#no_beams": {**request, "num_beams": 0},
+        "beam_search#past_context": {**request, "max_new_tokens": 28},
+    })
+    for key, stops, penalty in [("beam_search", stop, 2.0), ("beam_search#left", stop, 2.0), ("beam_search#no_stop", [], 1.0)]:
+        for prompt, row in zip(prompts, results[key]["generated_ids"]):
+            reference = hf.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), num_beams=4,
+                do_sample=False, max_new_tokens=10, eos_token_id=stops or None, pad_token_id=0, length_penalty=penalty,
+            )[0, len(prompt):].numpy()
+            np.testing.assert_array_equal(row, np.pad(ended_with_padding(reference, stops)[0], (0, 10 - len(reference))), key)
+    # One beam is greedy decoding, as `generate(num_beams=1)`.
+    np.testing.assert_array_equal(results["beam_search#one_beam"]["generated_ids"],
+                                  generate(model, prompts, max_new_tokens=10, stop_token_ids=stop))
+    assert results["beam_search#no_beams"] == {"error": "`num_beams` must be at least 1."}
+    assert results["beam_search#past_context"] == {"error": "Beam search must fit the context: the longest prompt + "
+                                                             "`max_new_tokens` must be at most max_sequence_length=32."}
+
+
+@pytest.mark.parametrize("stops", [0, 1])
+def test_exported_t5_beam_search_equals_transformers(stops, tmp_path):
+    import torch
+
+    from kerasformer.convert import from_huggingface
+    from tests.generate_test import chaotic_hf, ended_with_padding
+    from tests.models.convert_test import tiny_t5
+
+    hf = chaotic_hf(tiny_t5())
+    model = from_huggingface(hf)
+    path = export(model, tmp_path / "t5")
+    sources = np.random.default_rng(1).integers(2, 103, (3, 7)).astype("int32")
+    sources[2, 4:] = 0  # A shorter source, padded.
+    stop = [int(generate(model, sources, max_new_tokens=8, num_beams=3)[1, 2])][:stops]
+    request = {"encoder_token_ids": sources.tolist(), "encoder_padding_mask": (sources != 0).astype("int32").tolist(),
+               "max_new_tokens": 8, "num_beams": 3, "length_penalty": 1.0, "stop_token_ids": stop, "start_token_id": 0}
+    results = run_saved_model(path, {"beam_search": request})
+    reference = hf.generate(
+        torch.tensor(sources, dtype=torch.long), attention_mask=torch.tensor(sources != 0, dtype=torch.long), num_beams=3,
+        do_sample=False, max_new_tokens=8, eos_token_id=stop or None, decoder_start_token_id=0, pad_token_id=0,
+    )[:, 1:].numpy()
+    reference = np.pad(ended_with_padding(reference, stop), [(0, 0), (0, 8 - reference.shape[1])])
+    np.testing.assert_array_equal(results["beam_search"]["generated_ids"], reference)
+
+
+def test_exported_seq2seq_generation_pads_with_the_models_pad_id(tmp_path):
+    # The buffer had been zeros: a row that stopped before the loop ended read 0s, where `generate` gives pad ids.
+    model = seq2seq(Transformer, pad_token_id=3)
+    path = export(model, tmp_path / "transformer")
+    sources = np.array([[5, 6, 7, 8], [9, 10, 3, 3]], "int32")
+    free = generate(model, sources, max_new_tokens=6, start_token_id=1)
+    stop = [int(free[0, 1]), int(free[1, 1])]  # Both rows stop by their second token, and the loop ends there.
+    request = {"encoder_token_ids": sources.tolist(), "encoder_padding_mask": (sources != 3).astype("int32").tolist(),
+               "max_new_tokens": 6, "stop_token_ids": stop, "start_token_id": 1}
+    results = run_saved_model(path, {
+        "generate": {**request, **{k: v for k, v in GREEDY.items() if k != "stop_token_ids"}},
+        "beam_search": {**request, "num_beams": 2, "length_penalty": 1.0},
+    })
+    expected = generate(model, sources, max_new_tokens=6, start_token_id=1, stop_token_ids=stop)
+    assert np.all(expected[:, 2:] == 3)
+    np.testing.assert_array_equal(results["generate"]["generated_ids"], expected)
+    np.testing.assert_array_equal(results["beam_search"]["generated_ids"],
+                                  generate(model, sources, max_new_tokens=6, start_token_id=1, stop_token_ids=stop, num_beams=2))
+
+
 @pytest.mark.parametrize("family", ["gpt", "bert", "bert_classifier", "t5"])
 def test_keras_export_writes_a_saved_model_with_keras_serve_endpoint_on_every_backend(family, tmp_path):
     # Keras's own export had failed: on torch for every model, on JAX for BERT (token and segment ids of one length).

@@ -82,7 +82,7 @@ def test_status_and_metadata(server):
     assert status == 200 and body["model_version_status"][0]["state"] == "AVAILABLE"
     status, body = call(port, "GET", "/v1/models/tiny/metadata")
     signatures = body["metadata"]["signature_def"]["signature_def"]
-    assert {"serving_default", "generate", "generate_text"} <= set(signatures)
+    assert {"serving_default", "generate", "generate_text", "beam_search", "beam_search_text"} <= set(signatures)
     assert signatures["generate"]["inputs"]["token_ids"]["dtype"] == "DT_INT32"
 
 
@@ -118,6 +118,21 @@ def test_generate_and_text_signatures(server):
         "token_ids": prompt, "max_new_tokens": 100, **GENERATION}})
     assert status == 200
     np.testing.assert_array_equal(body["outputs"], generate(model, prompt, max_new_tokens=100))
+    # Beam search: 4 beams and a length penalty of 1 unless a request says otherwise, as `generate(num_beams=4)`.
+    prompts = [[5, 6, 7], [8, 9]]
+    status, body = call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "beam_search", "inputs": {
+        "token_ids": prompts, "max_new_tokens": 6}})
+    assert status == 200
+    np.testing.assert_array_equal(body["outputs"], generate(model, prompts, max_new_tokens=6, num_beams=4))
+    status, body = call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "beam_search", "instances": [
+        {"token_ids": [5, 6, 7], "num_beams": 2, "length_penalty": 0.5, "stop_token_ids": [9], "max_new_tokens": 5}]})
+    assert status == 200
+    np.testing.assert_array_equal(body["predictions"], generate(
+        model, [[5, 6, 7]], max_new_tokens=5, num_beams=2, length_penalty=0.5, stop_token_ids=[9]))
+    status, body = call(port, "POST", "/v1/models/tiny:predict", {"signature_name": "beam_search_text", "inputs": {
+        "text": ["abc"], "max_new_tokens": 3, "num_beams": 3}})
+    new = generate(model, [[ord(c) for c in "abc"]], max_new_tokens=3, num_beams=3)[0].tolist()
+    assert (status, body) == (200, {"outputs": ["abc" + "".join(chr(i) for i in new[: new.index(0) if 0 in new else 3])]})
 
 
 def test_left_out_options_and_masks_take_their_defaults(server):
@@ -193,7 +208,7 @@ def test_odd_json_is_named(server):
     assert call(port, "POST", "/v1/models/tiny:predict", raw=b"[" * 100000 + b"]" * 100000) == (
         400, {"error": "The body's JSON is nested too deeply."})
     assert call(port, "POST", "/v1/models/tiny:predict", {"signature_name": ["generate"], **GOOD}) == (
-        400, {"error": "Unknown signature_name ['generate']; this model has ['generate', 'generate_text', 'serving_default']."})
+        400, {"error": "Unknown signature_name ['generate']; this model has ['beam_search', 'beam_search_text', 'generate', 'generate_text', 'serving_default']."})
     assert call(port, "POST", "/v1/models/tiny:predict", {"inputs": {"token_ids": [[True, False]]}}) == (
         400, {"error": "Input 'token_ids' must hold numbers of dtype int32 (rows of equal length)."})
     assert call(port, "POST", "/v1/models/tiny:predict", raw=b'{"signature_name": "generate_text", "inputs": {"text": ["ab\\ud800"]}}') == (
@@ -244,6 +259,12 @@ def test_requests_past_the_size_limits_get_413(server, exported):
         "signature_name": "generate", "inputs": {"token_ids": [[5] * 100] * 200, "max_new_tokens": 32}})
     assert (status, body) == (413, {"error": (
         "The request holds 200 rows of up to 100 tokens + 32 new, 26400 tokens; "
+        "this server takes at most 16384 (`--max-tokens`).")})
+    # Each beam is a row: 20 rows that pass alone do not pass with 8 beams each.
+    status, body = call(port, "POST", "/v1/models/tiny:predict", {
+        "signature_name": "beam_search", "inputs": {"token_ids": [[5] * 100] * 20, "max_new_tokens": 28, "num_beams": 8}})
+    assert (status, body) == (413, {"error": (
+        "The request holds 20 rows x 8 beams of up to 100 tokens + 28 new, 20480 tokens; "
         "this server takes at most 16384 (`--max-tokens`).")})
     assert process.poll() is None and good_request_succeeds(port)
     # A text counts a token per byte (an upper bound for every tokenizer), plus two.
