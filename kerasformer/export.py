@@ -239,15 +239,18 @@ def build_signatures(model, tokenizer=None):
             logits = model({"encoder_token_ids": encoder_token_ids, "decoder_token_ids": decoder_token_ids})
             return {"logits": _float32(logits)}
 
-        @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), *sampling_spec,
-                                      scalar(tf.int32, "start_token_id")])
-        def generate(encoder_token_ids, encoder_padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
-                     start_token_id):
+        def source(encoder_token_ids, encoder_padding_mask, max_new_tokens):  # Checked, its padding the pad id.
             # As `generate`: the decoder reads its start token and every new token but the last.
             checks = _fits_positions(model, tf.shape(encoder_token_ids)[1], "`encoder_token_ids`")
             checks += _fits_positions(model, max_new_tokens, "`max_new_tokens`")
             encoder_token_ids, encoder_padding_mask = _after(checks, encoder_token_ids, encoder_padding_mask)
-            encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
+            return tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
+
+        @tf.function(input_signature=[ids("encoder_token_ids"), ids("encoder_padding_mask"), *sampling_spec,
+                                      scalar(tf.int32, "start_token_id")])
+        def generate(encoder_token_ids, encoder_padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                     start_token_id):
+            encoder_token_ids = source(encoder_token_ids, encoder_padding_mask, max_new_tokens)
             options = _checked_options(max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
             return {"generated_ids": _seq2seq_generate_in_graph(model, encoder_token_ids, *options, start_token_id)}
 
@@ -255,10 +258,7 @@ def build_signatures(model, tokenizer=None):
                                       scalar(tf.int32, "start_token_id")])
         def beam_search(encoder_token_ids, encoder_padding_mask, max_new_tokens, num_beams, length_penalty, stop_token_ids,
                         start_token_id):
-            checks = _fits_positions(model, tf.shape(encoder_token_ids)[1], "`encoder_token_ids`")
-            checks += _fits_positions(model, max_new_tokens, "`max_new_tokens`")
-            encoder_token_ids, encoder_padding_mask = _after(checks, encoder_token_ids, encoder_padding_mask)
-            encoder_token_ids = tf.where(encoder_padding_mask > 0, encoder_token_ids, pad)
+            encoder_token_ids = source(encoder_token_ids, encoder_padding_mask, max_new_tokens)
             options = _checked_beam_options(max_new_tokens, num_beams, length_penalty)
             return {"generated_ids": _seq2seq_beam_search_in_graph(model, encoder_token_ids, *options, stop_token_ids, start_token_id)}
 
@@ -447,6 +447,20 @@ def _sampling(temperature, top_k, top_p):
     return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "greedy": None}
 
 
+def _prompts(token_ids, padding_mask):
+    """GPT prompts `(B, P)` aligned left, their lengths `(B,)`, and the check that each has a token.
+
+    Each row's prompt is its tokens under the mask, so left-padded rows (as
+    Hugging Face pads for generation) read as right-padded ones.
+    """
+    import tensorflow as tf
+
+    prompt = tf.ragged.boolean_mask(token_ids, padding_mask > 0)  # (B, None)
+    token_ids, lengths = prompt.to_tensor(default_value=0), tf.cast(prompt.row_lengths(), tf.int32)  # (B, P), (B,)
+    message = "Each prompt needs at least one token; a row of `padding_mask` has none."
+    return token_ids, lengths, [tf.debugging.assert_greater_equal(lengths, 1, message=message)]
+
+
 def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
     """GPT generation in the graph, in the windows of `Generator._slide` past the context.
 
@@ -463,13 +477,7 @@ def _generate_in_graph(model, token_ids, padding_mask, max_new_tokens, temperatu
 
     generator = Generator(model)
     window, keep = model.max_sequence_length, model.max_sequence_length // 2
-    # Each row's prompt is its tokens under the mask, so left-padded rows (as
-    # Hugging Face pads for generation) read as right-padded ones.
-    prompt = tf.ragged.boolean_mask(token_ids, padding_mask > 0)  # (B, None)
-    token_ids, lengths = prompt.to_tensor(default_value=0), tf.cast(prompt.row_lengths(), tf.int32)  # (B, P), (B,)
-    checks = [
-        tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
-    ]
+    token_ids, lengths, checks = _prompts(token_ids, padding_mask)
     if window < 2:  # As `generate`: no prompt + new token fits, and a window could not move on.
         checks.append(tf.debugging.assert_less_equal(tf.shape(token_ids)[1] + max_new_tokens, window, message=NO_ROOM.format(window)))
     token_ids, lengths, max_new_tokens = _after(checks, token_ids, lengths, max_new_tokens)
@@ -571,15 +579,11 @@ def _beam_search_in_graph(model, token_ids, padding_mask, max_new_tokens, num_be
 
     generator = Generator(model)
     context = model.max_sequence_length
-    prompt = tf.ragged.boolean_mask(token_ids, padding_mask > 0)  # (B, None); left-padded rows read as right-padded
-    token_ids, lengths = prompt.to_tensor(default_value=0), tf.cast(prompt.row_lengths(), tf.int32)  # (B, P), (B,)
-    checks = [
-        tf.debugging.assert_greater_equal(lengths, 1, message="Each prompt needs at least one token; a row of `padding_mask` has none."),
-        tf.debugging.assert_less_equal(
-            tf.shape(token_ids)[1] + max_new_tokens, context,
-            message=f"Beam search must fit the context: the longest prompt + `max_new_tokens` must be at most "
-                    f"max_sequence_length={context}."),
-    ]
+    token_ids, lengths, checks = _prompts(token_ids, padding_mask)
+    checks.append(tf.debugging.assert_less_equal(
+        tf.shape(token_ids)[1] + max_new_tokens, context,
+        message=f"Beam search must fit the context: the longest prompt + `max_new_tokens` must be at most "
+                f"max_sequence_length={context}."))
     token_ids, lengths, max_new_tokens = _after(checks, token_ids, lengths, max_new_tokens)
     batch = tf.shape(token_ids)[0]
     buffer = tf.pad(token_ids, [[0, 0], [0, max_new_tokens]])  # (B, P + N)
