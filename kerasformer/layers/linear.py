@@ -5,9 +5,9 @@ gradient transposes the narrower operand before its product (see
 `_tf_xla_product`; training step 1.035x and 1.072x, medians of 14 and 10
 paired rounds, 2 cores of a Zen 3 EPYC). On PyTorch's CPU build the
 product goes through oneDNN instead of `torch.matmul`, which calls MKL's
-sgemm. oneDNN is PyTorch's own CPU kernel library, the one `torch.compile`
-(Inductor) calls for linear layers on CPU. Measured on 2 cores of AMD EPYC
-CPUs with AVX-512:
+sgemm, on CPUs with AVX-512. oneDNN is PyTorch's own CPU kernel library,
+the one `torch.compile` (Inductor) calls for linear layers on CPU. Measured
+on 2 cores of AMD EPYC CPUs with AVX-512:
 - one Zen 5 machine: MKL ~230 GFLOP/s and oneDNN ~510 (the rate TF and JAX
   reach there) on fp32 GEMMs; forward + backward of 2048x256 @ 256x768:
   10.9 -> 5.4 ms;
@@ -16,6 +16,11 @@ CPUs with AVX-512:
   for the block projections; GPT training step of
   `benchmarks/train_throughput.py`, median of 8 paired rounds in one process:
   1.034x (best rounds 4282 -> 4460 tok/s).
+On a CPU whose best instructions are AVX2 (torch's CPU capability "AVX2")
+MKL is the faster one, so `torch.matmul` stays: on 2 cores of a Zen 3 EPYC,
+forward + backward 1.16-1.23x the time through oneDNN for the block
+projections, and that GPT's training step 1.14x faster with MKL (median of
+12 paired rounds in one process: 598 vs 704 ms).
 """
 
 import functools
@@ -72,7 +77,7 @@ def dense_linear(dense, x):
 
 
 def uses_onednn(x, kernel, bias=None):
-    """Whether `linear` runs this product through oneDNN (torch, CPU, fp32, 2-D)."""
+    """Whether `linear` runs this product through oneDNN (torch, CPU, fp32, 2-D; not on AVX2-only CPUs)."""
     if keras.backend.backend() != "torch":
         return False
     import torch
@@ -80,7 +85,7 @@ def uses_onednn(x, kernel, bias=None):
     # Checked first: under `torch.compile` Inductor picks its own kernels, and
     # Dynamo cannot trace `torch.backends.mkldnn.is_available` (a graph break
     # in every projection).
-    if torch.compiler.is_compiling() or not _onednn_available():
+    if torch.compiler.is_compiling() or not _onednn_available() or not onednn_is_faster():
         return False
     tensors = [x, kernel] + ([] if bias is None else [bias])
     return (
@@ -160,6 +165,18 @@ def _onednn_available():
     import torch
 
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def onednn_is_faster():
+    """Whether oneDNN's fp32 GEMMs beat MKL's on this CPU: all but AVX2-only x86 CPUs (see the module doc).
+
+    Measured faster with AVX-512 (Zen 4, Zen 5) and slower with AVX2 (Zen 3).
+    Elsewhere oneDNN is kept, as PyTorch's own compiled linear layers use it.
+    """
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() != "AVX2"
 
 
 @functools.cache

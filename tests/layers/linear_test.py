@@ -9,10 +9,26 @@ from kerasformer.layers.linear import dense_linear, linear, pads_for_tensor_core
 from tests.conftest import BACKEND, random_inputs, to_numpy, value_and_gradients
 
 
+# On torch both CPU paths run whatever this machine's CPU would pick.
+PRODUCTS = ["onednn", "matmul"] if BACKEND == "torch" else ["backend"]
+
+
+@pytest.fixture(params=PRODUCTS)
+def product(request, monkeypatch):
+    """The product `linear` takes on torch's CPU build: oneDNN or `torch.matmul` (MKL)."""
+    if request.param == "onednn":
+        import torch
+
+        if not torch.backends.mkldnn.is_available():
+            pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setattr(linear_module, "onednn_is_faster", lambda: request.param == "onednn")
+    return request.param
+
+
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("widths", [(5, 3), (3, 5)], ids=["narrowing", "widening"])
-def test_value_and_gradients_match_numpy(with_bias, compiled, widths):
+def test_value_and_gradients_match_numpy(with_bias, compiled, widths, product):
     """Both orders of the kernel gradient's product: the narrower operand is transposed."""
     c_in, c_out = widths
     x, kernel, bias = random_inputs(7, c_in, seed=1), random_inputs(c_in, c_out, seed=2), random_inputs(c_out, seed=3)
@@ -32,7 +48,7 @@ def test_value_and_gradients_match_numpy(with_bias, compiled, widths):
         np.testing.assert_allclose(gradients[2], upstream.sum(0), rtol=1e-5, atol=1e-6)
 
 
-def test_transposed_kernel_view_matches_numpy():
+def test_transposed_kernel_view_matches_numpy(product):
     """The tied LM head passes `table^T`, a transposed view on torch."""
     hidden, table, upstream = random_inputs(6, 4, seed=1), random_inputs(9, 4, seed=2), random_inputs(6, 9, seed=3)
     value, (hidden_gradient, table_gradient) = value_and_gradients(
@@ -71,16 +87,33 @@ def test_dense_linear_keeps_lora_quantization_and_activation(variant):
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="oneDNN is the path of torch's CPU build only")
-def test_torch_takes_onednn_for_2d_float32_on_cpu_only():
+def test_torch_takes_onednn_for_2d_float32_on_cpu_only(monkeypatch):
     import torch
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN")
     x, kernel = torch.ones(4, 3), torch.ones(3, 2)
+    monkeypatch.setattr(linear_module, "onednn_is_faster", lambda: True)
     assert uses_onednn(x, kernel, torch.ones(2))
     assert not uses_onednn(x.double(), kernel.double())  # float64: torch.matmul
     assert not uses_onednn(torch.ones(2, 4, 3), kernel)  # 3-D: callers flatten first
     assert not uses_onednn(torch.ones(0, 3), kernel)  # empty batch
+    monkeypatch.setattr(linear_module, "onednn_is_faster", lambda: False)
+    assert not uses_onednn(x, kernel, torch.ones(2))  # an AVX2 CPU: MKL
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="oneDNN is the path of torch's CPU build only")
+@pytest.mark.parametrize("capability, faster", [("AVX2", False), ("AVX512", True)])
+def test_onednn_is_taken_where_it_is_faster_than_mkl(capability, faster, monkeypatch):
+    """oneDNN beat MKL with AVX-512 (Zen 4, Zen 5) and lost with AVX2 only (Zen 3)."""
+    import torch
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    linear_module.onednn_is_faster.cache_clear()
+    try:
+        assert linear_module.onednn_is_faster() is faster
+    finally:
+        linear_module.onednn_is_faster.cache_clear()  # This machine's answer again.
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="XLA (TF, JAX) pads 16-bit GEMMs for the GPU itself")
