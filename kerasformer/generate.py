@@ -438,7 +438,7 @@ class Generator:
         elif backend == "tensorflow":
             import tensorflow as tf
 
-            function = tf.function(run, jit_compile=True)
+            function = tf.function(run, jit_compile=True, autograph=False)  # Plain TF ops: no AST rewrite to pay for.
         else:
             import torch
 
