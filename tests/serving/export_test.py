@@ -253,8 +253,7 @@ def test_exported_gpt2_beam_search_equals_transformers(tmp_path):
                                                              "`max_new_tokens` must be at most max_sequence_length=32."}
 
 
-@pytest.mark.parametrize("stops", [0, 1])
-def test_exported_t5_beam_search_equals_transformers(stops, tmp_path):
+def test_exported_t5_beam_search_equals_transformers(tmp_path):
     import torch
 
     from kerasformer.convert import from_huggingface
@@ -266,16 +265,17 @@ def test_exported_t5_beam_search_equals_transformers(stops, tmp_path):
     path = export(model, tmp_path / "t5")
     sources = np.random.default_rng(1).integers(2, 103, (3, 7)).astype("int32")
     sources[2, 4:] = 0  # A shorter source, padded.
-    stop = [int(generate(model, sources, max_new_tokens=8, num_beams=3)[1, 2])][:stops]
+    stop = [int(generate(model, sources, max_new_tokens=8, num_beams=3)[1, 2])]  # A token the beams reach.
     request = {"encoder_token_ids": sources.tolist(), "encoder_padding_mask": (sources != 0).astype("int32").tolist(),
-               "max_new_tokens": 8, "num_beams": 3, "length_penalty": 1.0, "stop_token_ids": stop, "start_token_id": 0}
-    results = run_saved_model(path, {"beam_search": request})
-    reference = hf.generate(
-        torch.tensor(sources, dtype=torch.long), attention_mask=torch.tensor(sources != 0, dtype=torch.long), num_beams=3,
-        do_sample=False, max_new_tokens=8, eos_token_id=stop or None, decoder_start_token_id=0, pad_token_id=0,
-    )[:, 1:].numpy()
-    reference = np.pad(ended_with_padding(reference, stop), [(0, 0), (0, 8 - reference.shape[1])])
-    np.testing.assert_array_equal(results["beam_search"]["generated_ids"], reference)
+               "max_new_tokens": 8, "num_beams": 3, "length_penalty": 1.0, "stop_token_ids": [], "start_token_id": 0}
+    results = run_saved_model(path, {"beam_search": request, "beam_search#stop": {**request, "stop_token_ids": stop}})
+    for key, stops in (("beam_search", []), ("beam_search#stop", stop)):
+        reference = hf.generate(
+            torch.tensor(sources, dtype=torch.long), attention_mask=torch.tensor(sources != 0, dtype=torch.long), num_beams=3,
+            do_sample=False, max_new_tokens=8, eos_token_id=stops or None, decoder_start_token_id=0, pad_token_id=0,
+        )[:, 1:].numpy()
+        reference = np.pad(ended_with_padding(reference, stops), [(0, 0), (0, 8 - reference.shape[1])])
+        np.testing.assert_array_equal(results[key]["generated_ids"], reference, key)
 
 
 def test_exported_seq2seq_generation_pads_with_the_models_pad_id(tmp_path):
@@ -453,6 +453,7 @@ def test_text_signature_carries_the_tokenizer(kind, tmp_path):
 def test_saved_model_cli_lists_the_signatures_and_export_is_atomic(tmp_path):
     model = from_preset("gpt2-tiny", vocab_size=VOCAB)
     target = tmp_path / "saved_models" / "gpt"
+    target.mkdir(parents=True)  # An empty folder is a target too.
     export(model, target)
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
     shown = subprocess.run([cli, "show", "--dir", str(target), "--all"], capture_output=True, text=True)
@@ -477,9 +478,6 @@ def test_saved_model_cli_lists_the_signatures_and_export_is_atomic(tmp_path):
         with pytest.raises(ValueError, match=rf"`path` '.*{other.name}' is {kind}; export to a new folder"):
             export(model, other)
     assert (tmp_path / "notes.txt").read_text() == "keep me" and os.listdir(tmp_path / "work") == ["data.csv"]
-    (tmp_path / "empty").mkdir()
-    export(model, tmp_path / "empty")
-    assert "saved_model.pb" in os.listdir(tmp_path / "empty")
 
 
 @pytest.mark.parametrize("family", ["gpt", "t5", "bert"])
