@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kerasformer.layers import MultiHeadAttention, attention
-from tests.conftest import random_inputs, save_and_reload, to_numpy
+from tests.conftest import random_inputs, save_and_reload, to_numpy, value_and_gradients
 
 
 def numpy_attention(layer, query, value=None, mask=None, bias=None):
@@ -91,6 +91,61 @@ def test_causal_query_blocks_equal_numpy_reference(blocks, monkeypatch):
     mask = np.broadcast_to(np.tril(np.ones((T, T), bool)), (B, T, T))
     expected, _ = numpy_attention(layer, np.float64(x), None, mask)
     np.testing.assert_allclose(to_numpy(outputs), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("used", [(0, 1, 2), (0, 2)], ids=["all_parts", "key_unused"])
+def test_split_columns_values_and_gradient_match_numpy(used, compiled):
+    """The fused q/k/v projection's split (GQA widths): the blocks, and as gradient their upstreams side by side."""
+    sizes, bounds = (6, 2, 2), (0, 6, 8, 10)
+    y = random_inputs(5, 10, seed=1)
+    upstreams = [random_inputs(5, size, seed=2 + i) for i, size in enumerate(sizes)]
+
+    def weighted_sum(tensor):
+        parts = attention.split_columns(tensor, sizes)
+        assert [tuple(part.shape) for part in parts] == [(5, size) for size in sizes]
+        return sum(keras.ops.sum(keras.ops.multiply(parts[i], upstreams[i])) for i in used)
+
+    value, (gradient,) = value_and_gradients(weighted_sum, y, compiled=compiled)
+    blocks = [y[:, start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+    np.testing.assert_allclose(value, sum(np.sum(blocks[i] * upstreams[i]) for i in used), rtol=1e-5)
+    expected = np.concatenate([upstreams[i] if i in used else np.zeros_like(upstreams[i]) for i in range(3)], axis=1)
+    np.testing.assert_array_equal(gradient, expected)
+
+
+def test_split_columns_gradient_is_one_concatenation():
+    """Not the slices' gradient, pads summed, which XLA on CPU ran as passes over the full width."""
+    sizes = (6, 2, 2)
+    y = random_inputs(5, 10)
+
+    def weighted_sum(tensor):
+        parts = attention.split_columns(tensor, sizes)
+        return sum(keras.ops.sum(part) * (i + 1.0) for i, part in enumerate(parts))
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        program = str(jax.make_jaxpr(jax.grad(weighted_sum))(y))
+        assert "concatenate" in program and "pad" not in program, program
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def gradient(tensor):
+            with tf.GradientTape() as tape:
+                tape.watch(tensor)
+                value = weighted_sum(tensor)
+            return tape.gradient(value, tensor)
+
+        graph = gradient.get_concrete_function(tf.TensorSpec((5, 10))).graph
+        types = {op.type for op in graph.get_operations()}
+        assert "ConcatV2" in types and not types & {"Pad", "AddN", "StridedSliceGrad"}, types
+    else:
+        import torch
+
+        parts = attention.split_columns(torch.tensor(y, requires_grad=True), sizes)
+        assert {type(part.grad_fn).__name__ for part in parts} == {"SplitWithSizesBackward0"}
 
 
 def test_causal_query_blocks_only_for_long_square_static_self_attention():
