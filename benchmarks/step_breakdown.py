@@ -50,7 +50,7 @@ os.environ["XLA_FLAGS"] = (
 )
 
 import numpy as np  # noqa: E402
-from common import BACKENDS, machine_description  # noqa: E402
+from common import run_per_backend  # noqa: E402
 
 # Events of the thunk executor itself, not of an XLA operation.
 _NOT_OPERATIONS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end:")
@@ -179,14 +179,7 @@ def main():
     parser.add_argument("--steps", type=int, default=8, help="profiled training steps")
     args = parser.parse_args()
     if args.all:
-        import subprocess
-
-        print(f"machine: {machine_description()}", flush=True)
-        codes = []
-        for backend in BACKENDS:
-            env = {**os.environ, "KERAS_BACKEND": backend}
-            codes.append(subprocess.run([sys.executable, __file__, "--steps", str(args.steps)], env=env).returncode)
-        sys.exit(max(codes))
+        sys.exit(0 if run_per_backend(__file__, sys.argv[1:]) else 1)
     if args.steps < 3:
         parser.error(f"--steps must be at least 3 (steps lie between LM-head products), got {args.steps}")
 
