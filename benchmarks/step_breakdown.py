@@ -1,9 +1,10 @@
-"""Where a compiled training step's time goes: matmuls, everything else, idle.
+"""Where a training step's time goes: matmuls, everything else, idle.
 
 `train_throughput.py` prints how far the step lies beyond its matmuls timed
 alone; this script says what fills that time. It profiles a few steps of the
-same GPT (its small config) on TF or JAX with the framework's own profiler,
-XLA's per-operation trace events turned on, and reads each step's timeline:
+same GPT (its small config) with the framework's own profiler. On TF and
+JAX, XLA's per-operation trace events are turned on, and it reads each
+step's timeline:
 
     step        from one LM-head forward product to the next
     matmuls     wall time while any XLA dot (or a fusion around one) runs
@@ -14,13 +15,31 @@ then the operations outside matmuls that took longest, named by the model
 code that produced them (XLA's op_name metadata). Figures are medians over
 the profiled steps.
 
-    KERAS_BACKEND=tensorflow python benchmarks/step_breakdown.py
-    python benchmarks/step_breakdown.py --all      # TF and JAX (torch has no XLA step)
+Torch trains eagerly: each operation runs to its end before Python goes on,
+so `torch.profiler`'s self time per operator splits the step instead:
 
-On 2 Zen 3 cores (TF 2.21, JAX 0.10.2), one run each:
+    step        wall time of a profiled step (an unprofiled one is printed beside it)
+    matmuls     GEMM operators (mm, addmm, bmm, oneDNN's linear)
+    attention   the fused attention core (SDPA's CPU kernels, forward and backward)
+    other ops   every other operator, autograd's own bookkeeping included
+    host        the rest: Python between operators (Keras, the optimizer's loop)
+
+with the rate of the projections' matmuls (the step's FLOPs of them over
+their time) and the other operators that took longest, by operator and
+input shapes (means over the profiled steps).
+
+    KERAS_BACKEND=tensorflow python benchmarks/step_breakdown.py
+    python benchmarks/step_breakdown.py --all
+
+On 2 Zen 3 cores (TF 2.21, JAX 0.10.2, torch 2.13), one run each:
 
     jax        step 530 ms = matmuls 406 + other only 81 + idle 45
     tensorflow step 597 ms = matmuls 498 + other only 63 + idle 12
+    torch      step 566 ms = matmuls 392 + attention 33 + other ops 112 + host 29
+               (537 ms unprofiled; projections' matmuls at 164 GFLOP/s)
+
+On torch the loss's softmax and log-softmax over the (2048, 8192) logits
+took 47 ms of that step and GELU's forward and backward 30 ms.
 
 JAX's idle time is ~1800 short gaps between the step's ~800 operations.
 The machine's speed drifts by 10-20% from minute to minute, so compare runs
@@ -39,6 +58,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -173,9 +193,60 @@ def profile_steps(backend, model, batches, steps, profile_dir):
             tf.profiler.experimental.stop()
 
 
+# Operators that are one GEMM each, and the fused attention core's kernels (by substring).
+_TORCH_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
+_TORCH_ATTENTION = "scaled_dot_product"
+
+
+def torch_breakdown(model, batches, steps, c, top=12):
+    """Per-step means (ms): unprofiled and profiled step, time by kind of operator; the matmul rate; the longest others."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from train_throughput import fit, step_matmuls
+
+    def timed_fit():
+        start = time.perf_counter()
+        fit(model, batches, steps)
+        return (time.perf_counter() - start) / steps * 1e3  # ms per step
+
+    unprofiled = timed_fit()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+        step = timed_fit()
+    totals = collections.Counter()
+    others = collections.Counter()
+    for event in profiler.key_averages(group_by_input_shape=True):
+        ms = event.self_cpu_time_total / 1e3 / steps  # microseconds over the run -> ms per step
+        if event.key in _TORCH_MATMULS:
+            totals["matmuls"] += ms
+        elif _TORCH_ATTENTION in event.key:
+            totals["attention"] += ms
+        else:
+            totals["other"] += ms
+            shapes = [shape for shape in event.input_shapes if shape]
+            others[(event.key, str(shapes[:2]))] += ms
+    flops = sum(count * 2 * b * m * k * n for count, b, m, k, n in step_matmuls(c) if b == 1)  # the projections
+    totals["host"] = max(step - sum(totals.values()), 0.0)
+    return unprofiled, step, totals, flops / (totals["matmuls"] / 1e3), others.most_common(top)
+
+
+def print_torch_breakdown(model, batches, steps, c):
+    unprofiled, step, totals, matmul_rate, longest = torch_breakdown(model, batches, steps, c)
+    parts = [("matmuls", "matmuls"), ("attention", "attention"), ("other ops", "other"), ("host", "host")]
+    print(
+        f"torch      small config B{c['batch']} T{c['length']} fp32 | step {step:.0f} ms = "
+        + " + ".join(f"{label} {totals[key]:.0f} ms ({totals[key] / step:.0%})" for label, key in parts)
+        + f", means of {steps} profiled steps (unprofiled: {unprofiled:.0f} ms) | "
+        f"projections' matmuls at {matmul_rate / 1e9:.0f} GFLOP/s",
+        flush=True,
+    )
+    print("torch      longest operators outside matmuls and attention, ms per step:", flush=True)
+    for (name, shapes), ms in longest:
+        print(f"torch        {ms:5.1f}  {name}  {shapes}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--all", action="store_true", help="run TF and JAX, each in its own process")
+    parser.add_argument("--all", action="store_true", help="run every backend, each in its own process")
     parser.add_argument("--steps", type=int, default=8, help="profiled training steps")
     args = parser.parse_args()
     if args.all:
@@ -186,10 +257,6 @@ def main():
     import keras
 
     backend = keras.backend.backend()
-    if backend not in ("tensorflow", "jax"):
-        print(f"{backend:10s} skipped: the breakdown reads XLA's operations; torch trains eagerly.", flush=True)
-        return
-
     from train_throughput import CONFIG, compile_and_warm_up
 
     from kerasformer.allocator import set_allocator
@@ -206,6 +273,10 @@ def main():
     model = GPT(c["vocab_size"], c["num_layers"], c["num_heads"], c["hidden_dim"], max_sequence_length=c["length"])
     batches = ArrayBatches(tokens[:, :-1], tokens[:, 1:], batch_size=c["batch"], steps=steps)
     compile_and_warm_up(model, batches, TokenCrossEntropy(), AdamW(1e-4))
+    if backend == "torch":
+        shutil.rmtree(_DUMP, ignore_errors=True)  # No XLA here.
+        print_torch_breakdown(model, batches, args.steps, c)
+        return
 
     with tempfile.TemporaryDirectory(prefix="step_breakdown_trace_") as profile_dir:
         profile_steps(backend, model, batches, args.steps, profile_dir)
