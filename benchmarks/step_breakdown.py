@@ -15,31 +15,33 @@ then the operations outside matmuls that took longest, named by the model
 code that produced them (XLA's op_name metadata). Figures are medians over
 the profiled steps.
 
-Torch trains eagerly: each operation runs to its end before Python goes on,
-so `torch.profiler`'s self time per operator splits the step instead:
+Torch trains eagerly: each operator runs to its end before Python goes on,
+so the time of each ATen operator, taken around its call (see
+`torch_operator_seconds`), splits the step instead:
 
-    step        wall time of a profiled step (an unprofiled one is printed beside it)
+    step        wall time of a step whose operators are not timed
     matmuls     GEMM operators (mm, addmm, bmm, oneDNN's linear)
     attention   the fused attention core (SDPA's CPU kernels, forward and backward)
-    other ops   every other operator, autograd's own bookkeeping included
-    host        the rest: Python between operators (Keras, the optimizer's loop)
+    other ops   every other operator
+    host        the rest: Python between operators (Keras, autograd, the optimizer)
 
 with the rate of the projections' matmuls (the step's FLOPs of them over
 their time) and the other operators that took longest, by operator and
-input shapes (means over the profiled steps).
+input shapes (means over the steps).
 
     KERAS_BACKEND=tensorflow python benchmarks/step_breakdown.py
     python benchmarks/step_breakdown.py --all
 
-On 2 Zen 3 cores (TF 2.21, JAX 0.10.2, torch 2.13), one run each:
+On 2 Zen 3 cores (TF 2.21, JAX 0.10.2, torch 2.13), one `--all` run:
 
-    jax        step 530 ms = matmuls 406 + other only 81 + idle 45
-    tensorflow step 597 ms = matmuls 498 + other only 63 + idle 12
-    torch      step 566 ms = matmuls 392 + attention 33 + other ops 112 + host 29
-               (537 ms unprofiled; projections' matmuls at 164 GFLOP/s)
+    jax        step 637 ms = matmuls 449 + other only 119 + idle 56
+    tensorflow step 504 ms = matmuls 434 + other only 61 + idle 8
+    torch      step 593 ms = matmuls 444 + attention 42 + other ops 98 + host 9
+               (the projections' matmuls at 145 GFLOP/s)
 
-On torch the loss's softmax and log-softmax over the (2048, 8192) logits
-took 47 ms of that step and GELU's forward and backward 30 ms.
+On torch GELU's forward and backward took 33 ms of that step (the tanh
+form, GPT-2's: torch's exact-erf GELU ran 2.3x faster alone), and the loss's
+log-softmax and softmax over the (2048, 8192) logits 24 ms.
 
 JAX's idle time is ~1800 short gaps between the step's ~800 operations.
 The machine's speed drifts by 10-20% from minute to minute, so compare runs
@@ -194,49 +196,70 @@ def profile_steps(backend, model, batches, steps, profile_dir):
 
 
 # Operators that are one GEMM each, and the fused attention core's kernels (by substring).
-_TORCH_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
+_TORCH_MATMULS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "mkldnn._linear_pointwise")
 _TORCH_ATTENTION = "scaled_dot_product"
 
 
-def torch_breakdown(model, batches, steps, c, top=12):
-    """Per-step means (ms): unprofiled and profiled step, time by kind of operator; the matmul rate; the longest others."""
-    from torch.profiler import ProfilerActivity, profile
+def torch_operator_seconds(function):
+    """Runs `function()` and returns seconds per `(operator, input shapes)` spent in torch's kernels.
 
+    Each ATen operator is timed from Python through a dispatch mode (eager CPU
+    operators run to their end before they return), beneath autograd, so that
+    backward kernels and the optimizer's count too. `torch.profiler` was not
+    used: it slowed some kernels themselves (the loss's softmax over the
+    (2048, 8192) logits: 12 ms unprofiled, 25-38 ms profiled).
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seconds = collections.Counter()
+
+    def shapes(args):  # of the first two tensor arguments; a list of tensors as its length
+        described = [
+            tuple(a.shape) if isinstance(a, torch.Tensor) else f"{len(a)} tensors"
+            for a in args
+            if isinstance(a, torch.Tensor) or (isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor))
+        ]
+        return str(described[:2])
+
+    class Timing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            seconds[(str(func.overloadpacket), shapes(args))] += time.perf_counter() - start
+            return out
+
+    with Timing():
+        function()
+    return seconds
+
+
+def torch_breakdown(model, batches, steps, c, top=12):
+    """Per-step means (ms): the step, time by kind of operator; the projections' matmul rate; the longest others."""
     from train_throughput import fit, step_matmuls
 
-    def timed_fit():
-        start = time.perf_counter()
-        fit(model, batches, steps)
-        return (time.perf_counter() - start) / steps * 1e3  # ms per step
-
-    unprofiled = timed_fit()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
-        step = timed_fit()
-    totals = collections.Counter()
-    others = collections.Counter()
-    for event in profiler.key_averages(group_by_input_shape=True):
-        ms = event.self_cpu_time_total / 1e3 / steps  # microseconds over the run -> ms per step
-        if event.key in _TORCH_MATMULS:
-            totals["matmuls"] += ms
-        elif _TORCH_ATTENTION in event.key:
-            totals["attention"] += ms
-        else:
-            totals["other"] += ms
-            shapes = [shape for shape in event.input_shapes if shape]
-            others[(event.key, str(shapes[:2]))] += ms
-    flops = sum(count * 2 * b * m * k * n for count, b, m, k, n in step_matmuls(c) if b == 1)  # the projections
+    start = time.perf_counter()
+    fit(model, batches, steps)
+    step = (time.perf_counter() - start) / steps * 1e3  # ms, untimed operators
+    totals, others = collections.Counter(), collections.Counter()
+    for (name, shapes), seconds in torch_operator_seconds(lambda: fit(model, batches, steps)).items():
+        ms = seconds * 1e3 / steps
+        kind = "matmuls" if name in _TORCH_MATMULS else "attention" if _TORCH_ATTENTION in name else "other"
+        totals[kind] += ms
+        if kind == "other":
+            others[(name, shapes)] += ms
     totals["host"] = max(step - sum(totals.values()), 0.0)
-    return unprofiled, step, totals, flops / (totals["matmuls"] / 1e3), others.most_common(top)
+    flops = sum(count * 2 * b * m * k * n for count, b, m, k, n in step_matmuls(c) if b == 1)  # the projections
+    return step, totals, flops / (totals["matmuls"] / 1e3), others.most_common(top)
 
 
 def print_torch_breakdown(model, batches, steps, c):
-    unprofiled, step, totals, matmul_rate, longest = torch_breakdown(model, batches, steps, c)
+    step, totals, matmul_rate, longest = torch_breakdown(model, batches, steps, c)
     parts = [("matmuls", "matmuls"), ("attention", "attention"), ("other ops", "other"), ("host", "host")]
     print(
         f"torch      small config B{c['batch']} T{c['length']} fp32 | step {step:.0f} ms = "
         + " + ".join(f"{label} {totals[key]:.0f} ms ({totals[key] / step:.0%})" for label, key in parts)
-        + f", means of {steps} profiled steps (unprofiled: {unprofiled:.0f} ms) | "
-        f"projections' matmuls at {matmul_rate / 1e9:.0f} GFLOP/s",
+        + f", means of {steps} steps | projections' matmuls at {matmul_rate / 1e9:.0f} GFLOP/s",
         flush=True,
     )
     print("torch      longest operators outside matmuls and attention, ms per step:", flush=True)
