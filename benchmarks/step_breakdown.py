@@ -1,9 +1,9 @@
 """Where a training step's time goes: matmuls, everything else, idle.
 
 `train_throughput.py` prints how far the step lies beyond its matmuls timed
-alone; this script says what fills that time. It profiles a few steps of the
-same GPT (its small config) with the framework's own profiler. On TF and
-JAX, XLA's per-operation trace events are turned on, and it reads each
+alone; this script says what fills that time, over a few steps of the same
+GPT (its small config). On TF and JAX it profiles them with the framework's
+own profiler, XLA's per-operation trace events turned on, and reads each
 step's timeline:
 
     step        from one LM-head forward product to the next
@@ -244,9 +244,9 @@ def torch_breakdown(model, batches, steps, c, top=12):
     totals, others = collections.Counter(), collections.Counter()
     for (name, shapes), seconds in torch_operator_seconds(lambda: fit(model, batches, steps)).items():
         ms = seconds * 1e3 / steps
-        kind = "matmuls" if name in _TORCH_MATMULS else "attention" if _TORCH_ATTENTION in name else "other"
+        kind = "matmuls" if name in _TORCH_MATMULS else "attention" if _TORCH_ATTENTION in name else "other ops"
         totals[kind] += ms
-        if kind == "other":
+        if kind == "other ops":
             others[(name, shapes)] += ms
     totals["host"] = max(step - sum(totals.values()), 0.0)
     flops = sum(count * 2 * b * m * k * n for count, b, m, k, n in step_matmuls(c) if b == 1)  # the projections
@@ -255,10 +255,10 @@ def torch_breakdown(model, batches, steps, c, top=12):
 
 def print_torch_breakdown(model, batches, steps, c):
     step, totals, matmul_rate, longest = torch_breakdown(model, batches, steps, c)
-    parts = [("matmuls", "matmuls"), ("attention", "attention"), ("other ops", "other"), ("host", "host")]
     print(
         f"torch      small config B{c['batch']} T{c['length']} fp32 | step {step:.0f} ms = "
-        + " + ".join(f"{label} {totals[key]:.0f} ms ({totals[key] / step:.0%})" for label, key in parts)
+        + " + ".join(f"{kind} {totals[kind]:.0f} ms ({totals[kind] / step:.0%})"
+                     for kind in ("matmuls", "attention", "other ops", "host"))
         + f", means of {steps} steps | projections' matmuls at {matmul_rate / 1e9:.0f} GFLOP/s",
         flush=True,
     )
