@@ -28,19 +28,31 @@ def seq2seq(builder, tie_embeddings=False, **kwargs):
     return model
 
 
+def last_logits_by_full_pass(model, tokens, width, source=None):
+    """Logits after `tokens`, from a full forward pass over `tokens` padded with 0 to `width`.
+
+    One width for a whole decoding: JAX compiles each eager op once per input
+    shape, and a shape per length had made those compiles most of these
+    tests' time. The causal mask keeps the padding out of the logits read; a
+    leak would show as a mismatch with the cached loop, which never sees it.
+    """
+    padded = np.zeros((1, width), "int32")
+    padded[0, : len(tokens)] = tokens
+    inputs = padded if source is None else {"encoder_token_ids": np.array([source], "int32"), "decoder_token_ids": padded}
+    return to_numpy(model(inputs))[0, len(tokens) - 1]
+
+
 def greedy_by_full_passes(model, prompt, steps):
     sequence = list(prompt)
     for _ in range(steps):
-        logits = to_numpy(model(np.array([sequence], "int32")))
-        sequence.append(int(logits[0, -1].argmax()))
+        sequence.append(int(last_logits_by_full_pass(model, sequence, len(prompt) + steps - 1).argmax()))
     return sequence[len(prompt):]
 
 
 def seq2seq_greedy_by_full_passes(model, source, steps, start=0):
     target = [start]
     for _ in range(steps):
-        inputs = {"encoder_token_ids": np.array([source], "int32"), "decoder_token_ids": np.array([target], "int32")}
-        target.append(int(to_numpy(model(inputs))[0, -1].argmax()))
+        target.append(int(last_logits_by_full_pass(model, target, steps, source=source).argmax()))
     return target[1:]
 
 
@@ -78,8 +90,7 @@ def greedy_in_windows_by_full_passes(model, prompt, steps, window):
     context = text[-(window - 1):]
     while len(new) < steps:
         for _ in range(min(window - len(context), steps - len(new))):
-            logits = to_numpy(model(np.array([context], "int32")))
-            token = int(logits[0, -1].argmax())
+            token = int(last_logits_by_full_pass(model, context, window).argmax())
             new, text, context = new + [token], text + [token], context + [token]
         context = text[-(window // 2):]
     return new
@@ -440,7 +451,7 @@ def beam_search_by_full_passes(model, prompt, steps, num_beams, stop=(), length_
     for length in range(1, steps + 1):
         candidates = []
         for tokens, score in running:
-            logits = to_numpy(model(np.array([tokens], "int32")))[0, -1].astype("float64")
+            logits = last_logits_by_full_pass(model, tokens, len(prompt) + steps - 1).astype("float64")
             log_probs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
             candidates += [(tokens + [token], score + log_probs[token]) for token in range(len(log_probs))]
         candidates = sorted(candidates, key=lambda beam: -beam[1])[:keep]
